@@ -1,0 +1,1 @@
+"""Prefect flows that chain the pipeline's stage tasks, and the command-line interface."""

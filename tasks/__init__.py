@@ -1,0 +1,1 @@
+"""Prefect tasks: one pipeline stage each (entity resolution, preferences, reward fit, training, export)."""
