@@ -1,0 +1,49 @@
+"""``save_model`` exports: the seed's directory layouts, written atomically with a checksum manifest."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .checkpoint import MANIFEST, CheckpointError, publish_dir
+
+
+@dataclass
+class ExportEntry:
+    """One loadable directory inside an export: a model, optionally its tokenizer and value head."""
+
+    path: str  # relative, e.g. "agent_0" or "agent_0/critic"
+    model: nn.Module
+    tokenizer: object | None = None
+    value_head: nn.Module | None = None
+
+
+def export_models(output_dir: str | Path, entries: list[ExportEntry], info: dict) -> dict:
+    """Write every entry under ``output_dir`` and publish it in one rename; returns the manifest.
+
+    ``info`` (trainer class, sources, config, head architecture) goes into ``manifest.json``.
+    An existing directory is replaced only when it is a previous export (it has our manifest):
+    anything else there belongs to someone and is never deleted.
+    """
+    output_dir = Path(output_dir)
+    if output_dir.exists() and any(output_dir.iterdir()) and not (output_dir / MANIFEST).is_file():
+        raise CheckpointError(
+            f"save_model: {output_dir} already exists and is not a previous export (no {MANIFEST}); "
+            "choose an empty or new directory."
+        )
+
+    def write(staging: Path) -> None:
+        for entry in entries:
+            target = staging / entry.path
+            entry.model.save_pretrained(target)
+            if entry.tokenizer is not None:
+                entry.tokenizer.save_pretrained(target)
+            if entry.value_head is not None:
+                torch.save(entry.value_head.state_dict(), target / "value_head.pt")
+
+    manifest = publish_dir(output_dir, write, extra={"export": json.loads(json.dumps(info, default=str))})
+    return manifest

@@ -1,0 +1,370 @@
+"""What every trainer shares: the epoch loop with its checkpoint boundaries, exact resume, export.
+
+A subclass provides the algorithm (``_train_item``, ``_end_epoch``, ``evaluate``), the modules and
+optimizers it owns (``_roles``, ``_optimizer_groups``), its runtime state, and its export layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..checkpoint import (
+    METADATA,
+    CheckpointError,
+    capture_rng,
+    is_staging_name,
+    load_state,
+    load_tensors,
+    publish_dir,
+    read_checkpoint_metadata,
+    restore_rng,
+    save_state,
+    save_tensors,
+    verify_dir,
+    write_metadata,
+)
+from ..export import ExportEntry, export_models
+from ..tracking import Tracker
+from .data import dataset_fingerprint, epoch_items
+
+# Config fields that may change between a checkpoint and its resume.
+PORTABLE_FIELDS = {"num_train_epochs", "logging_steps", "eval_interval", "eval_num_samples", "verbose"}
+_CHECKPOINT_PREFIX = "checkpoint-"
+
+
+def _positive_int(value, name: str, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer{' or None' if optional else ''}, got {value!r}.")
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    payload = {
+        "vocab": sorted(tokenizer.get_vocab().items()),
+        "special": {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())},
+        "padding_side": tokenizer.padding_side,
+        "chat_template": getattr(tokenizer, "chat_template", None),
+    }
+    return hashlib.sha256(json.dumps(payload, default=str).encode()).hexdigest()
+
+
+def module_fingerprint(module: torch.nn.Module) -> str:
+    """Architecture identity: parameter names, shapes and dtypes (the weights come from the checkpoint)."""
+    layout = [(name, list(t.shape), str(t.dtype)) for name, t in module.state_dict().items()]
+    return hashlib.sha256(json.dumps(layout).encode()).hexdigest()
+
+
+def checkpoint_sequence(path: Path) -> int | None:
+    name = path.name
+    if not name.startswith(_CHECKPOINT_PREFIX) or is_staging_name(name):
+        return None
+    digits = name[len(_CHECKPOINT_PREFIX):]
+    return int(digits) if digits.isdigit() else None
+
+
+def list_checkpoints(checkpoint_dir: Path) -> list[Path]:
+    """Published ``checkpoint-N`` directories, oldest first (staging leftovers are skipped)."""
+    if not checkpoint_dir.is_dir():
+        return []
+    found = [(checkpoint_sequence(p), p) for p in checkpoint_dir.iterdir() if p.is_dir()]
+    return [p for seq, p in sorted((s, p) for s, p in found if s is not None)]
+
+
+def latest_checkpoint(checkpoint_dir: str | Path) -> Path:
+    """The newest checkpoint that verifies against its manifest (older valid ones are skipped past)."""
+    errors = []
+    for path in reversed(list_checkpoints(Path(checkpoint_dir))):
+        try:
+            verify_dir(path)
+            return path
+        except CheckpointError as exc:
+            errors.append(str(exc))
+    detail = f" ({'; '.join(errors)})" if errors else ""
+    raise CheckpointError(f"resume_from_checkpoint='latest': no valid checkpoint in {checkpoint_dir}{detail}.")
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where training stands: the next item to process, and counters that must survive a resume."""
+
+    epoch: int = 0
+    index: int = 0
+    items_done: int = 0
+    env_step: int = 0
+    sequence: int = 0
+
+
+class TrainerBase:
+    """Shared trainer machinery; see the module docstring for what subclasses provide."""
+
+    algorithm_name = "base"
+
+    # ---- provided by subclasses -----------------------------------------------------------------
+    def _roles(self) -> dict[str, list[torch.nn.Module]]:
+        raise NotImplementedError
+
+    def _optimizer_groups(self) -> dict[str, list[torch.optim.Optimizer]]:
+        raise NotImplementedError
+
+    def _train_item(self, item: dict, generation: dict) -> None:
+        raise NotImplementedError
+
+    def _end_epoch(self) -> None:
+        """Drain what is buffered so the epoch boundary is a clean checkpoint point."""
+
+    def _runtime_state(self) -> dict:
+        return {}
+
+    def _load_runtime_state(self, state: dict) -> None:
+        pass
+
+    def _export_entries(self) -> list[ExportEntry]:
+        raise NotImplementedError
+
+    def _export_info(self) -> dict:
+        return {}
+
+    def evaluate(self) -> dict:
+        return {}
+
+    # ---- shared setup ---------------------------------------------------------------------------
+    def _init_common(self, args, train_dataset, eval_dataset, wandb_config, callbacks: dict) -> None:
+        self.args = args
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
+        self.progress = Progress()
+        self.run_id: str | None = None
+        self._generation: dict | None = None
+        self._callbacks = {name: obj for name, obj in callbacks.items() if obj is not None}
+        for name, obj in self._callbacks.items():
+            if hasattr(obj, "state_dict") and not hasattr(obj, "load_state_dict"):
+                raise TypeError(f"{name} provides state_dict() but no load_state_dict(); add it so checkpoints "
+                                "can restore it.")
+        self.tracker = Tracker(wandb_config, {"algorithm": self.algorithm_name, **dataclasses.asdict(args)},
+                               verbose=args.verbose)
+
+    @property
+    def history(self) -> list[dict]:
+        """Every logged metrics dict, in order (``step`` is the env step)."""
+        return self.tracker.history
+
+    def trainer_class(self) -> str:
+        return f"{type(self).__module__}.{type(self).__qualname__}"
+
+    # ---- training loop --------------------------------------------------------------------------
+    def train(self, resume_from_checkpoint: str | Path | None = None, checkpoint_dir: str | Path | None = None,
+              checkpoint_interval: int = 1, checkpoint_steps: int | None = None,
+              checkpoint_total_limit: int | None = None, **generation_kwargs) -> dict:
+        """Train ``num_train_epochs`` epochs in total (a resumed run counts the epochs already done).
+
+        ``checkpoint_dir`` turns on checkpoints: ``checkpoint-N`` at every ``checkpoint_interval``-th
+        epoch, every ``checkpoint_steps`` items within an epoch, and at the end.
+        ``resume_from_checkpoint`` is a checkpoint directory or ``"latest"`` (the newest valid one in
+        ``checkpoint_dir``). Extra keyword arguments go to ``generate``. Returns the last metrics.
+        """
+        _positive_int(checkpoint_interval, "checkpoint_interval")
+        _positive_int(checkpoint_steps, "checkpoint_steps", optional=True)
+        _positive_int(checkpoint_total_limit, "checkpoint_total_limit", optional=True)
+        if self.train_dataset is None:
+            raise ValueError(f"{type(self).__name__}.train() requires a train_dataset.")
+        generation = self._generation = self._generation_kwargs(generation_kwargs)
+        checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        identity = None
+        if resume_from_checkpoint is not None:
+            if str(resume_from_checkpoint) == "latest":
+                if checkpoint_dir is None:
+                    raise ValueError("resume_from_checkpoint='latest' needs checkpoint_dir.")
+                resume_from_checkpoint = latest_checkpoint(checkpoint_dir)
+            identity = self.load_checkpoint(resume_from_checkpoint)
+        else:
+            self._seed_everything()
+            self.progress = Progress()
+            self.run_id = uuid.uuid4().hex
+        if checkpoint_dir is not None:
+            self._preflight(checkpoint_dir)
+        self.tracker.start(identity)
+        try:
+            self._loop(generation, checkpoint_dir, checkpoint_interval, checkpoint_steps, checkpoint_total_limit)
+        finally:
+            self.tracker.finish()
+        return self.history[-1] if self.history else {}
+
+    def _loop(self, generation, checkpoint_dir, interval, steps, total_limit) -> None:
+        args = self.args
+        if self.progress.epoch > args.num_train_epochs:
+            raise ValueError(f"The checkpoint is at epoch {self.progress.epoch} but num_train_epochs="
+                             f"{args.num_train_epochs}; num_train_epochs counts the whole run, so raise it.")
+        while self.progress.epoch < args.num_train_epochs:
+            epoch = self.progress.epoch
+            for index, item in epoch_items(self.train_dataset, epoch, args.seed, args.shuffle, self.progress.index):
+                if args.eval_interval and index % args.eval_interval == 0 and self.eval_dataset is not None:
+                    self.tracker.log(self.evaluate(), self.progress.env_step)
+                self._train_item(item, generation)
+                self.progress.index = index + 1
+                self.progress.items_done += 1
+                if steps and self.progress.items_done % steps == 0 and not self._epoch_ends_at(index):
+                    self._commit(checkpoint_dir, save=True, total_limit=total_limit)
+            self._end_epoch()
+            self.progress.epoch, self.progress.index = epoch + 1, 0
+            due = (epoch + 1) % interval == 0 or self.progress.epoch == args.num_train_epochs
+            self._commit(checkpoint_dir, save=due, total_limit=total_limit)
+
+    def _epoch_ends_at(self, index: int) -> bool:
+        return hasattr(self.train_dataset, "__len__") and index + 1 == len(self.train_dataset)
+
+    def _seed_everything(self) -> None:
+        seed = self.args.seed
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+    def _generation_kwargs(self, extra: dict) -> dict:
+        args = self.args
+        generation = {
+            "do_sample": True,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "top_k": args.top_k if args.top_k is not None else 0,  # 0 disables top-k; None would mean 50
+            "max_new_tokens": args.max_new_tokens,
+        }
+        extra = {k: v for k, v in extra.items() if k != "do_sample"}
+        reserved = sorted({"num_return_sequences", "input_ids", "attention_mask"} & extra.keys())
+        if reserved:
+            raise ValueError(f"train() cannot take {reserved}: the trainer sets them.")
+        return {**generation, **extra}
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def _preflight(self, checkpoint_dir: Path) -> None:
+        """Never overwrite another run's checkpoints."""
+        for path in list_checkpoints(checkpoint_dir):
+            try:
+                owner = read_checkpoint_metadata(path)["run_id"]
+            except CheckpointError:
+                owner = None
+            if owner != self.run_id:
+                raise FileExistsError(
+                    f"checkpoint_dir {checkpoint_dir} already holds {path.name} of another run; resume it with "
+                    "resume_from_checkpoint, or use an empty checkpoint_dir."
+                )
+
+    def _commit(self, checkpoint_dir: Path | None, save: bool, total_limit: int | None) -> None:
+        self.progress.sequence += 1
+        if checkpoint_dir is None or not save:
+            return
+        self.save_checkpoint(checkpoint_dir / f"{_CHECKPOINT_PREFIX}{self.progress.sequence}")
+        if total_limit is not None:
+            for old in list_checkpoints(checkpoint_dir)[:-total_limit]:
+                shutil.rmtree(old)
+
+    def _fingerprints(self) -> dict:
+        return {
+            "dataset": dataset_fingerprint(self.train_dataset),
+            "tokenizers": [tokenizer_fingerprint(t) for t in self.tokenizers],
+            "models": {role: [module_fingerprint(m) for m in modules] for role, modules in self._roles().items()},
+            "callbacks": {name: f"{type(obj).__module__}.{type(obj).__qualname__}"
+                          for name, obj in self._callbacks.items() if hasattr(obj, "state_dict")},
+        }
+
+    def save_checkpoint(self, path: str | Path) -> Path:
+        """Write the complete training state to ``path`` atomically (staging dir, fsync, rename)."""
+        path = Path(path)
+
+        def write(staging: Path) -> None:
+            for role, modules in self._roles().items():
+                (staging / role).mkdir()
+                for i, module in enumerate(modules):
+                    save_tensors(staging / role / f"{i}.safetensors", module.state_dict())
+            save_state(staging / "state.pt", {
+                "optimizers": {group: [o.state_dict() for o in opts] for group, opts in self._optimizer_groups().items()},
+                "rng": capture_rng(),
+                "runtime": self._runtime_state(),
+                "history": self.history,
+                "callbacks": {name: obj.state_dict() for name, obj in self._callbacks.items()
+                              if hasattr(obj, "state_dict")},
+            })
+            write_metadata(staging, trainer_class=self.trainer_class(), sequence=self.progress.sequence,
+                           run_id=self.run_id, wandb=self.tracker.identity(), extra={
+                               "progress": dataclasses.asdict(self.progress),
+                               "config": dataclasses.asdict(self.args),
+                               "fingerprints": self._fingerprints(),
+                           })
+
+        publish_dir(path, write)
+        return path
+
+    def load_checkpoint(self, path: str | Path) -> dict | None:
+        """Verify, check compatibility, and restore everything; returns the W&B identity to resume."""
+        path = Path(path)
+        if path.name == METADATA:
+            path = path.parent
+        verify_dir(path)
+        identity = read_checkpoint_metadata(path)
+        meta = json.loads((path / METADATA).read_text())
+        if identity["trainer_class"] != self.trainer_class():
+            raise CheckpointError(f"{path} was written by {identity['trainer_class']}, not {self.trainer_class()}.")
+        self._check_compatible(meta, path)
+        for role, modules in self._roles().items():
+            for i, module in enumerate(modules):
+                module.load_state_dict(load_tensors(path / role / f"{i}.safetensors"))
+        state = load_state(path / "state.pt")
+        for group, opts in self._optimizer_groups().items():
+            for opt, saved in zip(opts, state["optimizers"][group]):
+                opt.load_state_dict(saved)
+        for name, saved in state["callbacks"].items():
+            self._callbacks[name].load_state_dict(saved)
+        self._load_runtime_state(state["runtime"])
+        self.tracker.history[:] = list(state["history"])
+        self.progress = Progress(**meta["progress"])
+        self.run_id = identity["run_id"]
+        restore_rng(state["rng"])
+        return identity["wandb"]
+
+    def _check_compatible(self, meta: dict, path: Path) -> None:
+        saved_config, config = meta["config"], json.loads(json.dumps(dataclasses.asdict(self.args)))
+        fields = sorted(k for k in set(saved_config) | set(config)
+                        if k not in PORTABLE_FIELDS and saved_config.get(k) != config.get(k))
+        if fields:
+            detail = ", ".join(f"{k}: checkpoint {saved_config.get(k)!r} != now {config.get(k)!r}" for k in fields)
+            raise CheckpointError(f"{path}: the training config does not match the checkpoint ({detail}). Only "
+                                  f"{sorted(PORTABLE_FIELDS)} may change on resume.")
+        saved, now = meta["fingerprints"], self._fingerprints()
+        mismatched = []
+        if saved["dataset"] != now["dataset"]:
+            mismatched.append("train_dataset (content or length differs)")
+        for i, (a, b) in enumerate(zip(saved["tokenizers"], now["tokenizers"])):
+            if a != b:
+                mismatched.append(f"tokenizer {i} (vocabulary or special tokens differ)")
+        for role, prints in now["models"].items():
+            for i, (a, b) in enumerate(zip(saved["models"].get(role, []), prints)):
+                if a != b:
+                    mismatched.append(f"{role}[{i}] (architecture: parameter names, shapes or dtypes differ)")
+            if len(saved["models"].get(role, [])) != len(prints):
+                mismatched.append(f"{role} (count differs)")
+        if saved["callbacks"] != now["callbacks"]:
+            mismatched.append(f"stateful callbacks ({saved['callbacks']} != {now['callbacks']})")
+        if mismatched:
+            raise CheckpointError(f"{path} does not match this trainer: " + "; ".join(mismatched)
+                                  + ". Recreate the trainer with the same models, tokenizers, data and callbacks.")
+
+    # ---- export ---------------------------------------------------------------------------------
+    def save_model(self, output_dir: str | Path) -> Path:
+        """Export the trained models (seed layout) with a manifest; W&B runs are left open."""
+        info = {
+            "trainer_class": self.trainer_class(),
+            "algorithm": self.algorithm_name,
+            "num_agents": self.num_agents,
+            "config": dataclasses.asdict(self.args),
+            **self._export_info(),
+        }
+        export_models(output_dir, self._export_entries(), info)
+        return Path(output_dir)

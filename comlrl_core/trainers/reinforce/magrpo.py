@@ -1,0 +1,297 @@
+"""MAGRPO: each agent samples K completions per prompt; joint rewards give group-relative advantages.
+
+Per training item a rollout tree is built (one node per turn and joint sample), returns flow
+bottom-up with ``discount``, and each (node, agent) pair becomes a sample in that agent's buffer.
+A full buffer is trained on: loss = -mean_k A_k * log pi(completion_k), the log-prob summed over
+the completion's tokens up to and including its first EOS (never padding).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ...devices import default_device
+from ...entities import load_agents, plan_entities
+from ...export import ExportEntry
+from ...rewards import RewardFunction
+from ...rollout import reference_kl, sample, sequence_logprobs
+from ...tracking import check_wandb_config
+from ..base import TrainerBase
+from ..data import build_formatters, check_dataset, is_map_style, next_prompts
+from .config import MAGRPOConfig
+
+
+@dataclass
+class NodeSample:
+    """One agent's K completions at one tree node, with their (KL-shaped) returns."""
+
+    agent: int
+    turn: int
+    prompt_ids: torch.Tensor
+    completion_ids: torch.Tensor
+    mask: torch.Tensor
+    returns: list[float]
+
+    def to_state(self) -> dict:
+        return {"agent": self.agent, "turn": self.turn, "prompt_ids": self.prompt_ids,
+                "completion_ids": self.completion_ids, "mask": self.mask, "returns": list(self.returns)}
+
+
+def group_advantages(returns: list[float], mode: str, normalize: bool) -> torch.Tensor:
+    """Baseline-subtracted returns; normalisation divides by the group's std but does not re-centre,
+    so ``raw``/``max``/``rloo`` stay distinct from ``mean`` (in the reference they collapse into one)."""
+    r = torch.tensor(returns, dtype=torch.float64)
+    k = r.numel()
+    if mode == "mean":
+        adv = r - r.mean()
+    elif mode == "max":
+        adv = r - r.max()
+    elif mode == "rloo":
+        adv = (k * r - r.sum()) / (k - 1)
+    else:
+        adv = r
+    if normalize:
+        std = r.std(unbiased=False)
+        if std > 1e-6:
+            adv = adv / std
+    return adv.float()
+
+
+class MAGRPOTrainer(TrainerBase):
+    """Multi-agent GRPO; the constructor follows the seed (see ``comlrl_core.entities`` for the rules)."""
+
+    algorithm_name = "MAGRPO"
+    config_class = MAGRPOConfig
+
+    def __init__(self, agent_model=None, agents=None, num_agents=None, tokenizer=None, model_config=None,
+                 train_dataset=None, eval_dataset=None, reward_func=None, reward_processor=None, formatters=None,
+                 external_transition=None, wandb_config=None, eval_logger=None, eval_aggregator=None, args=None):
+        owner = type(self).__name__
+        args = copy.deepcopy(args) if args is not None else self.config_class()
+        if not isinstance(args, self.config_class):
+            raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
+        if not callable(reward_func):
+            raise TypeError(f"{owner}: reward_func must be a callable, got {type(reward_func).__name__}.")
+        if args.num_turns > 1 and external_transition is None:
+            raise ValueError(f"{owner}: num_turns={args.num_turns} needs an external_transition that returns the "
+                             "next turn's prompts; pass one or set num_turns=1.")
+        if external_transition is not None and not callable(external_transition):
+            raise TypeError(f"{owner}: external_transition must be callable.")
+        if (eval_logger is None) != (eval_aggregator is None):
+            raise ValueError(f"{owner}: eval_logger and eval_aggregator go together; pass both or neither.")
+        wandb_config = check_wandb_config(wandb_config)
+        check_dataset(train_dataset, "train_dataset")
+        check_dataset(eval_dataset, "eval_dataset")
+
+        plan = plan_entities(owner=owner, family="magrpo", agent_model=agent_model, agents=agents,
+                             num_agents=num_agents, config_num_agents=args.num_agents,
+                             config_name=type(args).__name__, tokenizer=tokenizer, model_config=model_config,
+                             allow_shared_models=args.allow_shared_models)
+        self.num_agents = args.num_agents = plan.num_agents
+        self.reward = RewardFunction(reward_func, self.num_agents, reward_processor)
+        self.formatters = build_formatters(formatters, self.num_agents)
+        self.external_transition = external_transition
+        self.eval_logger, self.eval_aggregator = eval_logger, eval_aggregator
+        self.model_name = plan.model_name
+        self.sources = [s if isinstance(s, str) else None for s in plan.agent_sources]
+        self.tokenizers = plan.tokenizers
+        self.device = default_device()
+        self.agents = load_agents(plan, self.device)
+        for agent in self.agents:
+            agent.train()
+        self.reference_models = []
+        if args.reference_kl_enabled:
+            self.reference_models = [copy.deepcopy(a).eval().requires_grad_(False) for a in self.agents]
+        self.optimizers = [torch.optim.AdamW(a.parameters(), lr=args.agent_learning_rate) for a in self.agents]
+        self.buffers: list[list[NodeSample]] = [[] for _ in self.agents]
+        self._last_log_step = -1
+        callbacks = {"reward_func": reward_func, "reward_processor": reward_processor,
+                     "external_transition": external_transition, "eval_logger": eval_logger,
+                     "eval_aggregator": eval_aggregator, "eval_dataset": eval_dataset}
+        if is_map_style(train_dataset):  # iterable datasets resume by position, not by their own state
+            callbacks["train_dataset"] = train_dataset
+        for i, f in enumerate(self.formatters):
+            callbacks[f"formatters.{i}"] = f.func
+        self._init_common(args, train_dataset, eval_dataset, wandb_config, callbacks)
+
+    # ---- rollout --------------------------------------------------------------------------------
+    def _joint_indices(self) -> list[tuple[int, ...]]:
+        k, n = self.args.num_generations, self.num_agents
+        if self.args.joint_mode == "cross":
+            return list(itertools.product(range(k), repeat=n))
+        return [(j,) * n for j in range(k)]
+
+    def _node(self, item, prompts, turn, history, generation, samples, stats) -> list[float]:
+        """Expand one node; returns the discounted return of each of its joint samples."""
+        args = self.args
+        k = args.num_generations
+        completions = [sample(self.agents[i], self.tokenizers[i], prompts[i], k, generation)
+                       for i in range(self.num_agents)]
+        stats["tokens"] += sum(int(c.mask.sum()) for c in completions)
+        joint = self._joint_indices()
+        texts = [[completions[i].texts[j[i]] for j in joint] for i in range(self.num_agents)]
+        rewards = self.reward(texts, prompts=list(prompts), batch_items=[item])
+        self.progress.env_step += len(joint)
+        stats["rewards"].setdefault(turn, []).extend(rewards)
+        returns = list(rewards)
+        stop = args.early_termination_threshold is not None and sum(rewards) / len(rewards) > args.early_termination_threshold
+        if turn + 1 < args.num_turns and not stop:
+            for x, j in enumerate(joint):
+                chosen = [completions[i].texts[j[i]] for i in range(self.num_agents)]
+                prompt_hist = [h + [p] for h, p in zip(history[0], prompts)]
+                response_hist = [h + [c] for h, c in zip(history[1], chosen)]
+                nxt = next_prompts(self.external_transition, item, chosen, prompt_hist, response_hist,
+                                   self.formatters, args.external_prompt_passthrough)
+                child = self._node(item, nxt, turn + 1, (prompt_hist, response_hist), generation, samples, stats)
+                returns[x] += args.discount * sum(child) / len(child)
+        stats["returns"].setdefault(turn, []).extend(returns)
+        for i, comp in enumerate(completions):
+            per_completion = [
+                sum(r for r, j in zip(returns, joint) if j[i] == c) / sum(1 for j in joint if j[i] == c)
+                for c in range(k)
+            ]
+            if self.reference_models:
+                kls = reference_kl(self.agents[i], self.reference_models[i], comp)
+                stats["kl"].extend(kls)
+                per_completion = [r - args.reference_kl_coef * kl for r, kl in zip(per_completion, kls)]
+            samples.append(NodeSample(i, turn, comp.prompt_ids, comp.completion_ids, comp.mask, per_completion))
+        return returns
+
+    # ---- update ---------------------------------------------------------------------------------
+    def _update(self, agent_index: int) -> list[float]:
+        """Train one agent on its buffer: per turn, shuffled mini-batches of ``train_batch_size`` samples."""
+        args = self.args
+        agent, optimizer = self.agents[agent_index], self.optimizers[agent_index]
+        buffer, self.buffers[agent_index] = self.buffers[agent_index], []
+        losses = []
+        for turn in sorted({s.turn for s in buffer}):
+            group = [s for s in buffer if s.turn == turn]
+            random.shuffle(group)
+            for start in range(0, len(group), args.train_batch_size):
+                batch = group[start:start + args.train_batch_size]
+                optimizer.zero_grad(set_to_none=True)
+                total = 0.0
+                for s in batch:
+                    adv = group_advantages(s.returns, args.advantage_mode, args.advantage_normalization)
+                    logp = sequence_logprobs(agent, s.prompt_ids, s.completion_ids, s.mask)
+                    loss = -(adv.to(logp.device) * logp).mean() / len(batch)
+                    if not torch.isfinite(loss):
+                        raise FloatingPointError(f"agent {agent_index}: non-finite policy loss ({loss.item()}); "
+                                                 "lower agent_learning_rate or check the rewards.")
+                    loss.backward()
+                    total += loss.item()
+                if args.max_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+                losses.append(total)
+        return losses
+
+    def _train_item(self, item: dict, generation: dict) -> None:
+        started = time.perf_counter()
+        stats = {"rewards": {}, "returns": {}, "kl": [], "tokens": 0}
+        samples: list[NodeSample] = []
+        prompts = [f(item) for f in self.formatters]
+        empty = [[] for _ in range(self.num_agents)]
+        self._node(item, prompts, 0, (empty, copy.deepcopy(empty)), generation, samples, stats)
+        rollout_seconds = time.perf_counter() - started
+        for s in samples:
+            self.buffers[s.agent].append(s)
+        losses = {}
+        for i, buffer in enumerate(self.buffers):
+            if len(buffer) >= self.args.rollout_buffer_size:
+                losses[i] = self._update(i)
+        metrics = {f"agent_{i}/loss": sum(v) / len(v) for i, v in losses.items() if v}
+        for turn, values in stats["rewards"].items():
+            metrics[f"turn_{turn + 1}/reward_mean"] = sum(values) / len(values)
+        for turn, values in stats["returns"].items():
+            metrics[f"turn_{turn + 1}/expected_return"] = sum(values) / len(values)
+        if stats["kl"]:
+            metrics["reference_kl_mean"] = sum(stats["kl"]) / len(stats["kl"])
+        metrics["generated_tokens_per_second"] = stats["tokens"] / max(rollout_seconds, 1e-9)
+        metrics["step_seconds"] = time.perf_counter() - started
+        self._log_train(metrics)
+
+    def _log_train(self, metrics: dict) -> None:
+        step = self.progress.env_step
+        if step - self._last_log_step >= self.args.logging_steps:
+            self.tracker.log(metrics, step)
+            self._last_log_step = step
+
+    def _end_epoch(self) -> None:
+        losses = {i: self._update(i) for i, buffer in enumerate(self.buffers) if buffer}
+        if any(losses.values()):
+            self._log_train({f"agent_{i}/loss": sum(v) / len(v) for i, v in losses.items() if v})
+
+    # ---- evaluation -----------------------------------------------------------------------------
+    def evaluate(self) -> dict:
+        """One joint trajectory per eval item, sampled under a fixed seed (training RNG is untouched)."""
+        args = self.args
+        if self.eval_dataset is None or args.eval_num_samples == 0:
+            return {}
+        generation = self._generation or self._generation_kwargs({})
+        items = [item for _, item in zip(range(args.eval_num_samples), self._eval_items())]
+        rewards = [[] for _ in range(args.num_turns)]
+        completions_log = [[[] for _ in items] for _ in range(self.num_agents)]
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(args.seed)
+            for n, item in enumerate(items):
+                prompts = [f(item) for f in self.formatters]
+                history = ([[] for _ in self.agents], [[] for _ in self.agents])
+                for turn in range(args.num_turns):
+                    texts = [sample(self.agents[i], self.tokenizers[i], prompts[i], 1, generation).texts[0]
+                             for i in range(self.num_agents)]
+                    for i, text in enumerate(texts):
+                        completions_log[i][n].append(text)
+                    rewards[turn].append(self.reward([[t] for t in texts], prompts=prompts, batch_items=[item])[0])
+                    if turn + 1 < args.num_turns:
+                        history = ([h + [p] for h, p in zip(history[0], prompts)],
+                                   [h + [t] for h, t in zip(history[1], texts)])
+                        prompts = next_prompts(self.external_transition, item, texts, history[0], history[1],
+                                               self.formatters, args.external_prompt_passthrough)
+        metrics = {}
+        for turn in range(args.num_turns):
+            if not rewards[turn]:
+                continue
+            metrics[f"eval/turn_{turn + 1}/reward_mean"] = sum(rewards[turn]) / len(rewards[turn])
+            expected = [sum(args.discount ** (u - turn) * rewards[u][n] for u in range(turn, args.num_turns)
+                            if n < len(rewards[u])) for n in range(len(rewards[turn]))]
+            metrics[f"eval/turn_{turn + 1}/expected_return"] = sum(expected) / len(expected)
+        if self.eval_logger is not None:
+            per_item = self.eval_logger(agent_completions_turns=completions_log, batch_items=items,
+                                        prompts=[item.get("prompt", "") for item in items])
+            for key, value in (self.eval_aggregator(per_item, num_turns=args.num_turns) or {}).items():
+                metrics[f"eval/{key}"] = value
+        return metrics
+
+    def _eval_items(self):
+        if is_map_style(self.eval_dataset):
+            return (self.eval_dataset[i] for i in range(len(self.eval_dataset)))
+        return iter(self.eval_dataset)
+
+    # ---- state and export -----------------------------------------------------------------------
+    def _roles(self) -> dict:
+        return {"agents": self.agents}
+
+    def _optimizer_groups(self) -> dict:
+        return {"agents": self.optimizers}
+
+    def _runtime_state(self) -> dict:
+        return {"buffers": [[s.to_state() for s in buffer] for buffer in self.buffers],
+                "last_log_step": self._last_log_step}
+
+    def _load_runtime_state(self, state: dict) -> None:
+        self.buffers = [[NodeSample(**s) for s in buffer] for buffer in state["buffers"]]
+        self._last_log_step = state["last_log_step"]
+
+    def _export_entries(self) -> list[ExportEntry]:
+        return [ExportEntry(f"agent_{i}", agent, self.tokenizers[i]) for i, agent in enumerate(self.agents)]
+
+    def _export_info(self) -> dict:
+        return {"sources": self.sources, "layout": {"agents": [f"agent_{i}" for i in range(self.num_agents)]}}
