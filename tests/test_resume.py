@@ -218,6 +218,9 @@ def test_wandb_offline_identity_survives_resume(tiny_models, tmp_path):
     steps = [h["step"] for h in resumed.history]  # restored history, then the new steps after it
     assert steps == sorted(steps) and steps[-1] == 3 * 3 * 3
     assert resumed.history[0] == first.history[0]
+    straight = make(tiny_models, num_train_epochs=3)
+    straight.train()
+    assert identical(weights(resumed), weights(straight))  # W&B does not disturb the random streams
 
     explicit = {**wandb_config, "id": "explicit-run", "resume": "allow"}
     chosen = make(tiny_models, wandb_config=explicit, num_train_epochs=3)

@@ -192,7 +192,9 @@ class TrainerBase:
             self.run_id = uuid.uuid4().hex
         if checkpoint_dir is not None:
             self._preflight(checkpoint_dir)
+        rng = capture_rng()  # opening a W&B run must not shift the training random streams
         self.tracker.start(identity)
+        restore_rng(rng)
         try:
             self._loop(generation, checkpoint_dir, checkpoint_interval, checkpoint_steps, checkpoint_total_limit)
         finally:
