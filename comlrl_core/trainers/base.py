@@ -6,6 +6,7 @@ optimizers it owns (``_roles``, ``_optimizer_groups``), its runtime state, and i
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -32,9 +33,13 @@ from ..checkpoint import (
     verify_dir,
     write_metadata,
 )
+from ..devices import default_device
+from ..entities import EntityPlan, plan_entities
 from ..export import ExportEntry, export_models
-from ..tracking import Tracker
-from .data import dataset_fingerprint, epoch_items
+from ..rewards import RewardFunction
+from ..rollout import sample
+from ..tracking import Tracker, check_wandb_config
+from .data import build_formatters, check_dataset, dataset_fingerprint, epoch_items, is_map_style, next_prompts
 
 # Config fields that may change between a checkpoint and its resume.
 PORTABLE_FIELDS = {"num_train_epochs", "logging_steps", "eval_interval", "eval_num_samples", "verbose"}
@@ -108,6 +113,7 @@ class TrainerBase:
     """Shared trainer machinery; see the module docstring for what subclasses provide."""
 
     algorithm_name = "base"
+    config_class: type = object
 
     # ---- provided by subclasses -----------------------------------------------------------------
     def _roles(self) -> dict[str, list[torch.nn.Module]]:
@@ -134,17 +140,59 @@ class TrainerBase:
     def _export_info(self) -> dict:
         return {}
 
-    def evaluate(self) -> dict:
-        return {}
-
     # ---- shared setup ---------------------------------------------------------------------------
-    def _init_common(self, args, train_dataset, eval_dataset, wandb_config, callbacks: dict) -> None:
+    def _setup(self, *, args, agent_model, agents, num_agents, tokenizer, model_config, train_dataset, eval_dataset,
+               reward_func, reward_processor, formatters, external_transition, wandb_config, eval_logger=None,
+               eval_aggregator=None, family: str, critic_layout: str = "none", critic_model=None, critics=None,
+               extra_callbacks: dict | None = None) -> EntityPlan:
+        """Validate every constructor argument, resolve the entities (no weights yet), set shared state.
+
+        Returns the plan; the subclass loads its models from it and builds its optimizers.
+        """
+        owner = type(self).__name__
+        args = copy.deepcopy(args) if args is not None else self.config_class()
+        if not isinstance(args, self.config_class):
+            raise TypeError(f"{owner}: args must be a {self.config_class.__name__}, got {type(args).__name__}.")
+        if not callable(reward_func):
+            raise TypeError(f"{owner}: reward_func must be a callable, got {type(reward_func).__name__}.")
+        if args.num_turns > 1 and external_transition is None:
+            raise ValueError(f"{owner}: num_turns={args.num_turns} needs an external_transition that returns the "
+                             "next turn's prompts; pass one or set num_turns=1.")
+        if external_transition is not None and not callable(external_transition):
+            raise TypeError(f"{owner}: external_transition must be callable.")
+        if (eval_logger is None) != (eval_aggregator is None):
+            raise ValueError(f"{owner}: eval_logger and eval_aggregator go together; pass both or neither.")
+        wandb_config = check_wandb_config(wandb_config)
+        check_dataset(train_dataset, "train_dataset")
+        check_dataset(eval_dataset, "eval_dataset")
+        plan = plan_entities(owner=owner, family=family, agent_model=agent_model, agents=agents,
+                             num_agents=num_agents, config_num_agents=args.num_agents,
+                             config_name=type(args).__name__, tokenizer=tokenizer, model_config=model_config,
+                             critic_layout=critic_layout, critic_model=critic_model, critics=critics,
+                             allow_shared_models=args.allow_shared_models)
+        self.num_agents = args.num_agents = plan.num_agents
         self.args = args
+        self.reward = RewardFunction(reward_func, self.num_agents, reward_processor)
+        self.formatters = build_formatters(formatters, self.num_agents)
+        self.external_transition = external_transition
+        self.eval_logger, self.eval_aggregator = eval_logger, eval_aggregator
+        self.model_name = plan.model_name
+        self.sources = [s if isinstance(s, str) else None for s in plan.agent_sources]
+        self.tokenizers = plan.tokenizers
+        self.device = default_device()
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
         self.progress = Progress()
         self.run_id: str | None = None
         self._generation: dict | None = None
+        self._last_log_step = -1
+        callbacks = {"reward_func": reward_func, "reward_processor": reward_processor,
+                     "external_transition": external_transition, "eval_logger": eval_logger,
+                     "eval_aggregator": eval_aggregator, "eval_dataset": eval_dataset, **(extra_callbacks or {})}
+        if is_map_style(train_dataset):  # iterable datasets resume by position, not by their own state
+            callbacks["train_dataset"] = train_dataset
+        for i, f in enumerate(self.formatters):
+            callbacks[f"formatters.{i}"] = f.func
         self._callbacks = {name: obj for name, obj in callbacks.items() if obj is not None}
         for name, obj in self._callbacks.items():
             if hasattr(obj, "state_dict") and not hasattr(obj, "load_state_dict"):
@@ -152,6 +200,7 @@ class TrainerBase:
                                 "can restore it.")
         self.tracker = Tracker(wandb_config, {"algorithm": self.algorithm_name, **dataclasses.asdict(args)},
                                verbose=args.verbose)
+        return plan
 
     @property
     def history(self) -> list[dict]:
@@ -244,6 +293,57 @@ class TrainerBase:
         if reserved:
             raise ValueError(f"train() cannot take {reserved}: the trainer sets them.")
         return {**generation, **extra}
+
+    def _log_train(self, metrics: dict) -> None:
+        step = self.progress.env_step
+        if step - self._last_log_step >= self.args.logging_steps:
+            self.tracker.log(metrics, step)
+            self._last_log_step = step
+
+    # ---- evaluation -----------------------------------------------------------------------------
+    def evaluate(self) -> dict:
+        """One joint trajectory per eval item, sampled under a fixed seed (training RNG is untouched)."""
+        args = self.args
+        if self.eval_dataset is None or args.eval_num_samples == 0:
+            return {}
+        generation = self._generation or self._generation_kwargs({})
+        items = [item for _, item in zip(range(args.eval_num_samples), self._eval_items())]
+        rewards = [[] for _ in range(args.num_turns)]
+        completions_log = [[[] for _ in items] for _ in range(self.num_agents)]
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(args.seed)
+            for n, item in enumerate(items):
+                prompts = [f(item) for f in self.formatters]
+                history = ([[] for _ in self.agents], [[] for _ in self.agents])
+                for turn in range(args.num_turns):
+                    texts = [sample(self.agents[i], self.tokenizers[i], prompts[i], 1, generation).texts[0]
+                             for i in range(self.num_agents)]
+                    for i, text in enumerate(texts):
+                        completions_log[i][n].append(text)
+                    rewards[turn].append(self.reward([[t] for t in texts], prompts=prompts, batch_items=[item])[0])
+                    if turn + 1 < args.num_turns:
+                        history = ([h + [p] for h, p in zip(history[0], prompts)],
+                                   [h + [t] for h, t in zip(history[1], texts)])
+                        prompts = next_prompts(self.external_transition, item, texts, history[0], history[1],
+                                               self.formatters, args.external_prompt_passthrough)
+        metrics = {}
+        for turn in range(args.num_turns):
+            metrics[f"eval/turn_{turn + 1}/reward_mean"] = sum(rewards[turn]) / len(rewards[turn])
+            expected = [sum(args.discount ** (u - turn) * rewards[u][n] for u in range(turn, args.num_turns))
+                        for n in range(len(items))]
+            metrics[f"eval/turn_{turn + 1}/expected_return"] = sum(expected) / len(expected)
+        if self.eval_logger is not None:
+            per_item = self.eval_logger(agent_completions_turns=completions_log, batch_items=items,
+                                        prompts=[item.get("prompt", "") for item in items])
+            for key, value in (self.eval_aggregator(per_item, num_turns=args.num_turns) or {}).items():
+                metrics[f"eval/{key}"] = value
+        return metrics
+
+    def _eval_items(self):
+        if is_map_style(self.eval_dataset):
+            return (self.eval_dataset[i] for i in range(len(self.eval_dataset)))
+        return iter(self.eval_dataset)
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def _preflight(self, checkpoint_dir: Path) -> None:

@@ -16,14 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ...devices import default_device
-from ...entities import load_agents, plan_entities
+from ...entities import load_agents
 from ...export import ExportEntry
-from ...rewards import RewardFunction
 from ...rollout import reference_kl, sample, sequence_logprobs
-from ...tracking import check_wandb_config
 from ..base import TrainerBase
-from ..data import build_formatters, check_dataset, is_map_style, next_prompts
+from ..data import next_prompts
 from .config import MAGRPOConfig
 
 
@@ -72,53 +69,20 @@ class MAGRPOTrainer(TrainerBase):
     def __init__(self, agent_model=None, agents=None, num_agents=None, tokenizer=None, model_config=None,
                  train_dataset=None, eval_dataset=None, reward_func=None, reward_processor=None, formatters=None,
                  external_transition=None, wandb_config=None, eval_logger=None, eval_aggregator=None, args=None):
-        owner = type(self).__name__
-        args = copy.deepcopy(args) if args is not None else self.config_class()
-        if not isinstance(args, self.config_class):
-            raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
-        if not callable(reward_func):
-            raise TypeError(f"{owner}: reward_func must be a callable, got {type(reward_func).__name__}.")
-        if args.num_turns > 1 and external_transition is None:
-            raise ValueError(f"{owner}: num_turns={args.num_turns} needs an external_transition that returns the "
-                             "next turn's prompts; pass one or set num_turns=1.")
-        if external_transition is not None and not callable(external_transition):
-            raise TypeError(f"{owner}: external_transition must be callable.")
-        if (eval_logger is None) != (eval_aggregator is None):
-            raise ValueError(f"{owner}: eval_logger and eval_aggregator go together; pass both or neither.")
-        wandb_config = check_wandb_config(wandb_config)
-        check_dataset(train_dataset, "train_dataset")
-        check_dataset(eval_dataset, "eval_dataset")
-
-        plan = plan_entities(owner=owner, family="magrpo", agent_model=agent_model, agents=agents,
-                             num_agents=num_agents, config_num_agents=args.num_agents,
-                             config_name=type(args).__name__, tokenizer=tokenizer, model_config=model_config,
-                             allow_shared_models=args.allow_shared_models)
-        self.num_agents = args.num_agents = plan.num_agents
-        self.reward = RewardFunction(reward_func, self.num_agents, reward_processor)
-        self.formatters = build_formatters(formatters, self.num_agents)
-        self.external_transition = external_transition
-        self.eval_logger, self.eval_aggregator = eval_logger, eval_aggregator
-        self.model_name = plan.model_name
-        self.sources = [s if isinstance(s, str) else None for s in plan.agent_sources]
-        self.tokenizers = plan.tokenizers
-        self.device = default_device()
+        plan = self._setup(args=args, agent_model=agent_model, agents=agents, num_agents=num_agents,
+                           tokenizer=tokenizer, model_config=model_config, train_dataset=train_dataset,
+                           eval_dataset=eval_dataset, reward_func=reward_func, reward_processor=reward_processor,
+                           formatters=formatters, external_transition=external_transition,
+                           wandb_config=wandb_config, eval_logger=eval_logger, eval_aggregator=eval_aggregator,
+                           family="magrpo")
         self.agents = load_agents(plan, self.device)
         for agent in self.agents:
             agent.train()
         self.reference_models = []
-        if args.reference_kl_enabled:
+        if self.args.reference_kl_enabled:
             self.reference_models = [copy.deepcopy(a).eval().requires_grad_(False) for a in self.agents]
-        self.optimizers = [torch.optim.AdamW(a.parameters(), lr=args.agent_learning_rate) for a in self.agents]
+        self.optimizers = [torch.optim.AdamW(a.parameters(), lr=self.args.agent_learning_rate) for a in self.agents]
         self.buffers: list[list[NodeSample]] = [[] for _ in self.agents]
-        self._last_log_step = -1
-        callbacks = {"reward_func": reward_func, "reward_processor": reward_processor,
-                     "external_transition": external_transition, "eval_logger": eval_logger,
-                     "eval_aggregator": eval_aggregator, "eval_dataset": eval_dataset}
-        if is_map_style(train_dataset):  # iterable datasets resume by position, not by their own state
-            callbacks["train_dataset"] = train_dataset
-        for i, f in enumerate(self.formatters):
-            callbacks[f"formatters.{i}"] = f.func
-        self._init_common(args, train_dataset, eval_dataset, wandb_config, callbacks)
 
     # ---- rollout --------------------------------------------------------------------------------
     def _joint_indices(self) -> list[tuple[int, ...]]:
@@ -217,63 +181,10 @@ class MAGRPOTrainer(TrainerBase):
         metrics["step_seconds"] = time.perf_counter() - started
         self._log_train(metrics)
 
-    def _log_train(self, metrics: dict) -> None:
-        step = self.progress.env_step
-        if step - self._last_log_step >= self.args.logging_steps:
-            self.tracker.log(metrics, step)
-            self._last_log_step = step
-
     def _end_epoch(self) -> None:
         losses = {i: self._update(i) for i, buffer in enumerate(self.buffers) if buffer}
         if any(losses.values()):
             self._log_train({f"agent_{i}/loss": sum(v) / len(v) for i, v in losses.items() if v})
-
-    # ---- evaluation -----------------------------------------------------------------------------
-    def evaluate(self) -> dict:
-        """One joint trajectory per eval item, sampled under a fixed seed (training RNG is untouched)."""
-        args = self.args
-        if self.eval_dataset is None or args.eval_num_samples == 0:
-            return {}
-        generation = self._generation or self._generation_kwargs({})
-        items = [item for _, item in zip(range(args.eval_num_samples), self._eval_items())]
-        rewards = [[] for _ in range(args.num_turns)]
-        completions_log = [[[] for _ in items] for _ in range(self.num_agents)]
-        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(args.seed)
-            for n, item in enumerate(items):
-                prompts = [f(item) for f in self.formatters]
-                history = ([[] for _ in self.agents], [[] for _ in self.agents])
-                for turn in range(args.num_turns):
-                    texts = [sample(self.agents[i], self.tokenizers[i], prompts[i], 1, generation).texts[0]
-                             for i in range(self.num_agents)]
-                    for i, text in enumerate(texts):
-                        completions_log[i][n].append(text)
-                    rewards[turn].append(self.reward([[t] for t in texts], prompts=prompts, batch_items=[item])[0])
-                    if turn + 1 < args.num_turns:
-                        history = ([h + [p] for h, p in zip(history[0], prompts)],
-                                   [h + [t] for h, t in zip(history[1], texts)])
-                        prompts = next_prompts(self.external_transition, item, texts, history[0], history[1],
-                                               self.formatters, args.external_prompt_passthrough)
-        metrics = {}
-        for turn in range(args.num_turns):
-            if not rewards[turn]:
-                continue
-            metrics[f"eval/turn_{turn + 1}/reward_mean"] = sum(rewards[turn]) / len(rewards[turn])
-            expected = [sum(args.discount ** (u - turn) * rewards[u][n] for u in range(turn, args.num_turns)
-                            if n < len(rewards[u])) for n in range(len(rewards[turn]))]
-            metrics[f"eval/turn_{turn + 1}/expected_return"] = sum(expected) / len(expected)
-        if self.eval_logger is not None:
-            per_item = self.eval_logger(agent_completions_turns=completions_log, batch_items=items,
-                                        prompts=[item.get("prompt", "") for item in items])
-            for key, value in (self.eval_aggregator(per_item, num_turns=args.num_turns) or {}).items():
-                metrics[f"eval/{key}"] = value
-        return metrics
-
-    def _eval_items(self):
-        if is_map_style(self.eval_dataset):
-            return (self.eval_dataset[i] for i in range(len(self.eval_dataset)))
-        return iter(self.eval_dataset)
 
     # ---- state and export -----------------------------------------------------------------------
     def _roles(self) -> dict:
