@@ -60,6 +60,23 @@ def sample(model: nn.Module, tokenizer: PreTrainedTokenizerBase, prompt: str, k:
     return Completions(out[0, :prompt_len], completion_ids, mask, texts)
 
 
+def actor_inputs(prompt_ids: torch.Tensor, completion_ids: torch.Tensor, mask: torch.Tensor):
+    """``input_ids`` and ``attention_mask`` [K, P+T] for K completions of one prompt."""
+    k = completion_ids.shape[0]
+    input_ids = torch.cat([prompt_ids.expand(k, -1), completion_ids], dim=1)
+    attention = torch.cat([torch.ones(k, prompt_ids.shape[0], dtype=torch.long), mask.long()], dim=1)
+    return input_ids, attention
+
+
+def completion_logprobs(logits: torch.Tensor, prompt_len: int, completion_ids: torch.Tensor,
+                        mask: torch.Tensor) -> torch.Tensor:
+    """Per-token log-probs [K, T] of the completions from logits over prompt + completion; zero outside ``mask``."""
+    length = completion_ids.shape[1]
+    logits = logits[:, prompt_len - 1 : prompt_len - 1 + length].float()
+    picked = torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.to(logits.device).unsqueeze(-1)).squeeze(-1)
+    return picked * mask.to(logits.device)
+
+
 def token_logprobs(model: nn.Module, prompt_ids: torch.Tensor, completion_ids: torch.Tensor,
                    mask: torch.Tensor) -> torch.Tensor:
     """log pi(token | prefix) for each completion token, zero outside ``mask``: [K, T], one batched forward.
@@ -67,14 +84,9 @@ def token_logprobs(model: nn.Module, prompt_ids: torch.Tensor, completion_ids: t
     Gradients flow when called outside ``inference_mode``/``no_grad``.
     """
     device = next(model.parameters()).device
-    k, length = completion_ids.shape
-    prompt_len = prompt_ids.shape[0]
-    input_ids = torch.cat([prompt_ids.expand(k, -1), completion_ids], dim=1).to(device)
-    attention = torch.cat([torch.ones(k, prompt_len, dtype=torch.bool), mask], dim=1).to(device)
-    logits = model(input_ids=input_ids, attention_mask=attention.long(), use_cache=False).logits
-    logits = logits[:, prompt_len - 1 : prompt_len - 1 + length].float()
-    picked = torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.to(device).unsqueeze(-1)).squeeze(-1)
-    return picked * mask.to(device)
+    input_ids, attention = actor_inputs(prompt_ids, completion_ids, mask)
+    logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device), use_cache=False).logits
+    return completion_logprobs(logits, prompt_ids.shape[0], completion_ids, mask)
 
 
 def sequence_logprobs(model: nn.Module, prompt_ids: torch.Tensor, completion_ids: torch.Tensor,

@@ -294,6 +294,10 @@ class TrainerBase:
             raise ValueError(f"train() cannot take {reserved}: the trainer sets them.")
         return {**generation, **extra}
 
+    def _policy(self, i: int) -> torch.nn.Module:
+        """The causal LM that generates for agent i."""
+        return self.agents[i]
+
     def _log_train(self, metrics: dict) -> None:
         step = self.progress.env_step
         if step - self._last_log_step >= self.args.logging_steps:
@@ -317,7 +321,7 @@ class TrainerBase:
                 prompts = [f(item) for f in self.formatters]
                 history = ([[] for _ in self.agents], [[] for _ in self.agents])
                 for turn in range(args.num_turns):
-                    texts = [sample(self.agents[i], self.tokenizers[i], prompts[i], 1, generation).texts[0]
+                    texts = [sample(self._policy(i), self.tokenizers[i], prompts[i], 1, generation).texts[0]
                              for i in range(self.num_agents)]
                     for i, text in enumerate(texts):
                         completions_log[i][n].append(text)

@@ -1,0 +1,331 @@
+"""Actor-critic training shared by IAC and MAAC: rollout with value estimates, TD targets, updates.
+
+Per training item each agent samples ``num_generations`` completions per turn; the critic's value
+of each state (``critic_type="v"``: the prompt) or state-action (``"q"``: prompt + completion) is
+read without autograd; targets are one-step TD (``r + discount * V(next)``, ``r`` at the last turn)
+and advantages ``target - V``. A full buffer is trained on: the actor on ``-logp * A`` (normalised
+per turn), the critic on ``(target - V)^2`` (optionally clipped around the rollout value).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ...entities import load_agents
+from ...models import CausalLMWithValueHead
+from ...rollout import actor_inputs, completion_logprobs, reference_kl, sample
+from ..base import TrainerBase
+from ..data import next_prompts
+
+
+@dataclass
+class ActorSample:
+    """One completion of one agent with its advantage; ``value_index`` locates the shared-head value."""
+
+    agent: int
+    turn: int
+    prompt_ids: torch.Tensor
+    completion_ids: torch.Tensor  # [T]
+    mask: torch.Tensor  # [T]
+    advantage: float
+    old_value: float
+    target: float
+
+
+@dataclass
+class CriticSample:
+    """What a separate critic reads (``ids``) and the target for its value at the last position."""
+
+    critic: int
+    turn: int
+    ids: torch.Tensor
+    old_value: float
+    target: float
+
+
+def _state(sample) -> dict:
+    return dict(vars(sample))
+
+
+def _value_loss(values: torch.Tensor, old: torch.Tensor, target: torch.Tensor, clip: float | None) -> torch.Tensor:
+    loss = (target - values) ** 2
+    if clip is not None:
+        clipped = old + torch.clamp(values - old, -clip, clip)
+        loss = torch.maximum(loss, (target - clipped) ** 2)
+    return loss.mean()
+
+
+def last_values(critic: CausalLMWithValueHead, sequences: list[torch.Tensor]) -> torch.Tensor:
+    """The critic's value at the last token of each sequence [B], in one right-padded batch."""
+    device = next(critic.parameters()).device
+    length = max(s.shape[0] for s in sequences)
+    ids = torch.zeros(len(sequences), length, dtype=torch.long)
+    attention = torch.zeros(len(sequences), length, dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, : seq.shape[0]] = seq
+        attention[row, : seq.shape[0]] = 1
+    values = critic(ids.to(device), attention.to(device), compute_logits=False).values
+    last = torch.tensor([s.shape[0] - 1 for s in sequences], device=device)
+    return values[torch.arange(len(sequences), device=device), last]
+
+
+class ActorCriticTrainerBase(TrainerBase):
+    """Subclasses set the critic layout and implement ``_critic_inputs``."""
+
+    def _build(self, plan, *, shared_head: bool, load_critics: Callable[[], list[CausalLMWithValueHead]]) -> None:
+        """Load actors and critics (value heads seeded from ``args.seed``) and build the optimizers."""
+        args = self.args
+        # Value heads are initialised from the seed, so two trainers built alike start identical.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(args.seed)
+            self.agents = load_agents(plan, self.device, value_head=shared_head,
+                                      value_head_hidden_dim=getattr(args, "value_head_hidden_dim", None),
+                                      field="IACConfig.value_head_hidden_dim")
+            self.critics = load_critics()
+        self.shared_head = shared_head
+        for module in [*self.agents, *self.critics]:
+            module.train()
+        self.reference_models = []
+        if args.reference_kl_enabled:
+            self.reference_models = [copy.deepcopy(self._policy(i)).eval().requires_grad_(False)
+                                     for i in range(self.num_agents)]
+        self.agent_optimizers = [torch.optim.AdamW(a.parameters(), lr=args.agent_learning_rate) for a in self.agents]
+        self.critic_optimizers = [torch.optim.AdamW(c.parameters(), lr=args.critic_lr) for c in self.critics]
+        self.actor_buffers: list[list[ActorSample]] = [[] for _ in self.agents]
+        self.critic_buffers: list[list[CriticSample]] = [[] for _ in self.critics]
+
+    def _policy(self, i: int):
+        """The causal LM that generates for agent i (the backbone under a shared value head)."""
+        agent = self.agents[i]
+        return agent.model if isinstance(agent, CausalLMWithValueHead) else agent
+
+    # ---- what the critics read -------------------------------------------------------------------
+    def _critic_inputs(self, prompts: list[str], completions: list) -> list[list[tuple[int, torch.Tensor]]]:
+        """Per agent, per generation: ``(critic index, ids)`` whose last-token value is V or Q."""
+        raise NotImplementedError
+
+    def _rollout_values(self, prompts, completions) -> tuple[list[list[float]], list[list[tuple[int, torch.Tensor]]]]:
+        """Old values [agent][k] from the critics (or shared heads), read without autograd."""
+        k = self.args.num_generations
+        if self.shared_head:
+            inputs = []
+            for i, comp in enumerate(completions):
+                rows = []
+                for j in range(k):
+                    ids = comp.prompt_ids
+                    if self.args.critic_type == "q":
+                        ids = torch.cat([ids, comp.completion_ids[j][comp.mask[j]]])
+                    rows.append((i, ids))
+                inputs.append(rows)
+            models = self.agents
+        else:
+            inputs = self._critic_inputs(prompts, completions)
+            models = self.critics
+        values = []
+        with torch.inference_mode():
+            cache: dict[tuple[int, tuple], float] = {}
+            for rows in inputs:
+                out = []
+                for c, ids in rows:
+                    key = (c, tuple(ids.tolist()))
+                    if key not in cache:  # V(prompt) is the same for every generation
+                        cache[key] = float(last_values(models[c], [ids])[0])
+                    out.append(cache[key])
+                values.append(out)
+        return values, inputs
+
+    # ---- rollout --------------------------------------------------------------------------------
+    def _train_item(self, item: dict, generation: dict) -> None:
+        args = self.args
+        started = time.perf_counter()
+        n, k = self.num_agents, args.num_generations
+        prompts = [f(item) for f in self.formatters]
+        history = ([[] for _ in range(n)], [[] for _ in range(n)])
+        turns, tokens, kls = [], 0, []
+        for turn in range(args.num_turns):
+            completions = [sample(self._policy(i), self.tokenizers[i], prompts[i], k, generation) for i in range(n)]
+            tokens += sum(int(c.mask.sum()) for c in completions)
+            values, critic_inputs = self._rollout_values(prompts, completions)
+            rewards = self.reward([c.texts for c in completions], prompts=list(prompts), batch_items=[item])
+            self.progress.env_step += k
+            shaped = [list(rewards) for _ in range(n)]
+            if self.reference_models:
+                for i, comp in enumerate(completions):
+                    kl = reference_kl(self._policy(i), self.reference_models[i], comp)
+                    kls.extend(kl)
+                    shaped[i] = [r - args.reference_kl_coef * d for r, d in zip(rewards, kl)]
+            turns.append({"prompts": list(prompts), "completions": completions, "values": values,
+                          "critic_inputs": critic_inputs,
+                          "rewards": rewards, "shaped": shaped})
+            stop = args.early_termination_threshold is not None and sum(rewards) / k > args.early_termination_threshold
+            if turn + 1 == args.num_turns or stop:
+                break
+            texts = [c.texts[0] for c in completions]
+            history = ([h + [p] for h, p in zip(history[0], prompts)], [h + [t] for h, t in zip(history[1], texts)])
+            prompts = next_prompts(self.external_transition, item, texts, history[0], history[1], self.formatters,
+                                   args.external_prompt_passthrough)
+        self._store(turns)
+        metrics = self._update_full_buffers()
+        for t, record in enumerate(turns):
+            reward_mean = sum(record["rewards"]) / len(record["rewards"])
+            future = sum(args.discount ** (u - t) * turns[u]["rewards"][0] for u in range(t + 1, len(turns)))
+            metrics[f"turn_{t + 1}/reward_mean"] = reward_mean
+            metrics[f"turn_{t + 1}/expected_return"] = reward_mean + future
+        if self.metrics_callback is not None:
+            rollouts = [{"agent": i, "turn": t, "prompt": record["prompts"][i], "completion": text,
+                         "reward": record["rewards"][j]}
+                        for t, record in enumerate(turns) for i, comp in enumerate(record["completions"])
+                        for j, text in enumerate(comp.texts)]
+            for key, value in (self.metrics_callback(rollouts) or {}).items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    metrics[key] = float(value)
+        if kls:
+            metrics["reference_kl_mean"] = sum(kls) / len(kls)
+        elapsed = time.perf_counter() - started
+        metrics["generated_tokens_per_second"] = tokens / max(elapsed, 1e-9)
+        metrics["step_seconds"] = elapsed
+        self._log_train(metrics)
+
+    def _store(self, turns: list[dict]) -> None:
+        """One-step TD targets from the rollout-time values, then samples into the buffers."""
+        gamma = self.args.discount
+        seen_critic = set()
+        for t, record in enumerate(turns):
+            last = t + 1 == len(turns)
+            for i, comp in enumerate(record["completions"]):
+                for j in range(comp.completion_ids.shape[0]):
+                    value = record["values"][i][j]
+                    target = record["shaped"][i][j] + (0.0 if last else gamma * turns[t + 1]["values"][i][0])
+                    self.actor_buffers[i].append(ActorSample(i, t, comp.prompt_ids, comp.completion_ids[j],
+                                                             comp.mask[j], target - value, value, target))
+                    if not self.shared_head:
+                        c, ids = record["critic_inputs"][i][j]
+                        if (t, c, j) not in seen_critic:  # a shared MAAC critic gets each joint sample once
+                            seen_critic.add((t, c, j))
+                            self.critic_buffers[c].append(CriticSample(c, t, ids, value, target))
+
+    # ---- updates --------------------------------------------------------------------------------
+    def _update_full_buffers(self, force: bool = False) -> dict:
+        size = 1 if force else self.args.rollout_buffer_size
+        metrics = {}
+        for i, buffer in enumerate(self.actor_buffers):
+            if len(buffer) >= size:
+                metrics.update(self._update_actor(i))
+        for c, buffer in enumerate(self.critic_buffers):
+            if len(buffer) >= size:
+                metrics.update(self._update_critic(c))
+        return metrics
+
+    def _batches(self, buffer: list) -> list[list]:
+        """Per turn, shuffled mini-batches of ``train_batch_size`` samples."""
+        batches = []
+        for turn in sorted({s.turn for s in buffer}):
+            group = [s for s in buffer if s.turn == turn]
+            random.shuffle(group)
+            batches += [group[i:i + self.args.train_batch_size] for i in range(0, len(group), self.args.train_batch_size)]
+        return batches
+
+    def _normalised(self, buffer: list[ActorSample]) -> dict[int, float]:
+        """Advantages normalised over each turn's group (mean 0, std 1) when enabled."""
+        out = {}
+        for turn in {s.turn for s in buffer}:
+            group = [s for s in buffer if s.turn == turn]
+            adv = torch.tensor([s.advantage for s in group], dtype=torch.float64)
+            if self.args.advantage_normalization and len(group) > 1:
+                adv = (adv - adv.mean()) / adv.std(unbiased=False).clamp_min(1e-6)
+            out.update({id(s): float(a) for s, a in zip(group, adv)})
+        return out
+
+    def _step(self, optimizer, module, loss: torch.Tensor, what: str) -> None:
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"{what}: non-finite loss ({loss.item()}); lower the learning rates or "
+                                     "check the rewards.")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.args.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(module.parameters(), self.args.max_grad_norm)
+        optimizer.step()
+
+    def _update_actor(self, i: int) -> dict:
+        args = self.args
+        buffer, self.actor_buffers[i] = self.actor_buffers[i], []
+        advantages = self._normalised(buffer)
+        agent = self.agents[i]
+        device = next(agent.parameters()).device
+        policy_losses, value_losses = [], []
+        for batch in self._batches(buffer):
+            policy_terms, values, olds, targets = [], [], [], []
+            for s in batch:
+                input_ids, attention = actor_inputs(s.prompt_ids, s.completion_ids[None], s.mask[None])
+                input_ids, attention = input_ids.to(device), attention.to(device)
+                if self.shared_head:
+                    out = agent(input_ids, attention)
+                    logits = out.logits
+                    end = s.prompt_ids.shape[0] - 1 + (int(s.mask.sum()) if args.critic_type == "q" else 0)
+                    values.append(out.values[0, end])
+                else:
+                    logits = agent(input_ids=input_ids, attention_mask=attention, use_cache=False).logits
+                logp = completion_logprobs(logits, s.prompt_ids.shape[0], s.completion_ids[None], s.mask[None]).sum()
+                policy_terms.append(-logp * advantages[id(s)])
+                olds.append(s.old_value)
+                targets.append(s.target)
+            loss = torch.stack(policy_terms).mean()
+            policy_losses.append(loss.item())
+            if self.shared_head:
+                value_loss = _value_loss(torch.stack(values).float(), torch.tensor(olds, device=device),
+                                         torch.tensor(targets, device=device), args.value_clip_range)
+                value_losses.append(value_loss.item())
+                loss = loss + args.value_loss_coef * value_loss
+            self._step(self.agent_optimizers[i], agent, loss, f"agent {i}")
+        metrics = {f"agent_{i}/policy_loss": sum(policy_losses) / len(policy_losses)}
+        if value_losses:
+            metrics[f"agent_{i}/value_loss"] = sum(value_losses) / len(value_losses)
+        return metrics
+
+    def _update_critic(self, c: int) -> dict:
+        """One optimizer step per mini-batch of this critic's samples."""
+        args = self.args
+        buffer, self.critic_buffers[c] = self.critic_buffers[c], []
+        critic = self.critics[c]
+        device = next(critic.parameters()).device
+        losses = []
+        for batch in self._batches(buffer):
+            values = last_values(critic, [s.ids for s in batch]).float()
+            loss = args.value_loss_coef * _value_loss(values, torch.tensor([s.old_value for s in batch], device=device),
+                                                      torch.tensor([s.target for s in batch], device=device),
+                                                      args.value_clip_range)
+            self._step(self.critic_optimizers[c], critic, loss, f"critic {c}")
+            losses.append(loss.item())
+        return {f"critic_{c}/value_loss": sum(losses) / len(losses)}
+
+    def _end_epoch(self) -> None:
+        metrics = self._update_full_buffers(force=True)
+        if metrics:
+            self._log_train(metrics)
+
+    # ---- state ----------------------------------------------------------------------------------
+    def _roles(self) -> dict:
+        return {"agents": self.agents, "critics": self.critics}
+
+    def _optimizer_groups(self) -> dict:
+        return {"agents": self.agent_optimizers, "critics": self.critic_optimizers}
+
+    def _runtime_state(self) -> dict:
+        return {"actor_buffers": [[_state(s) for s in b] for b in self.actor_buffers],
+                "critic_buffers": [[_state(s) for s in b] for b in self.critic_buffers],
+                "last_log_step": self._last_log_step}
+
+    def _load_runtime_state(self, state: dict) -> None:
+        self.actor_buffers = [[ActorSample(**s) for s in b] for b in state["actor_buffers"]]
+        self.critic_buffers = [[CriticSample(**s) for s in b] for b in state["critic_buffers"]]
+        self._last_log_step = state["last_log_step"]
+
+    def _head_info(self, module) -> dict | None:
+        head = getattr(module, "value_head", None)
+        return None if head is None else {"hidden_dim": head.hidden_dim, "critic_type": self.args.critic_type}

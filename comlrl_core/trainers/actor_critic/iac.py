@@ -1,0 +1,69 @@
+"""IAC: independent actor-critic; each agent has its own critic, or a value head on its own backbone."""
+
+from __future__ import annotations
+
+import torch
+
+from ...entities import load_critics
+from ...export import ExportEntry
+from .base import ActorCriticTrainerBase
+from .config import IACConfig
+
+
+class IACTrainer(ActorCriticTrainerBase):
+    """``use_separate_critic=True``: critics from ``critic_model`` (a copy per agent) or ``critics``;
+    ``False``: ``trainer.agents[i].value_head`` sits on the actor and ``critic_model``/``critics`` stay unset."""
+
+    algorithm_name = "IAC"
+    config_class = IACConfig
+
+    def __init__(self, agent_model=None, critic_model=None, tokenizer=None, reward_func=None, reward_processor=None,
+                 formatters=None, args=None, train_dataset=None, eval_dataset=None, model_config=None,
+                 wandb_config=None, metrics_callback=None, external_transition=None, agents=None, critics=None,
+                 num_agents=None):
+        separate = (args.use_separate_critic if isinstance(args, IACConfig) else True)
+        plan = self._setup(args=args, agent_model=agent_model, agents=agents, num_agents=num_agents,
+                           tokenizer=tokenizer, model_config=model_config, train_dataset=train_dataset,
+                           eval_dataset=eval_dataset, reward_func=reward_func, reward_processor=reward_processor,
+                           formatters=formatters, external_transition=external_transition, wandb_config=wandb_config,
+                           family="actor_critic", critic_layout="separate" if separate else "shared",
+                           critic_model=critic_model, critics=critics,
+                           extra_callbacks={"metrics_callback": metrics_callback})
+        self.metrics_callback = metrics_callback
+        self._build(plan, shared_head=not separate, load_critics=lambda: load_critics(
+            plan, [self.device] * len(plan.critic_sources),
+            value_head_hidden_dim=self.args.critic_value_head_hidden_dim,
+            field="IACConfig.critic_value_head_hidden_dim"))
+
+    def _critic_inputs(self, prompts, completions):
+        rows = []
+        for i, comp in enumerate(completions):
+            per_k = []
+            for j in range(comp.completion_ids.shape[0]):
+                ids = comp.prompt_ids
+                if self.args.critic_type == "q":
+                    ids = torch.cat([ids, comp.completion_ids[j][comp.mask[j]]])
+                per_k.append((i, ids))
+            rows.append(per_k)
+        return rows
+
+    def _export_entries(self) -> list[ExportEntry]:
+        entries = []
+        for i, agent in enumerate(self.agents):
+            if self.shared_head:
+                entries.append(ExportEntry(f"agent_{i}", agent.model, self.tokenizers[i], agent.value_head))
+            else:
+                entries.append(ExportEntry(f"agent_{i}", agent, self.tokenizers[i]))
+                critic = self.critics[i]
+                entries.append(ExportEntry(f"agent_{i}/critic", critic.model, self.tokenizers[i], critic.value_head))
+        return entries
+
+    def _export_info(self) -> dict:
+        layout = {"agents": [f"agent_{i}" for i in range(self.num_agents)]}
+        if not self.shared_head:
+            layout["critics"] = [f"agent_{i}/critic" for i in range(self.num_agents)]
+        return {"sources": self.sources, "layout": layout, "use_separate_critic": not self.shared_head,
+                "critic_type": self.args.critic_type,
+                "value_heads": {path: self._head_info(m) for path, m in
+                                zip(layout.get("critics", layout["agents"]),
+                                    self.critics if not self.shared_head else self.agents)}}
