@@ -9,6 +9,8 @@ import torch
 from transformers import AutoTokenizer
 
 from comlrl_core.checkpoint import verify_dir
+from helpers import reward_rise
+
 from comlrl_core.environments import length_ratio_dataset, length_ratio_reward
 from comlrl_core.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 
@@ -212,9 +214,7 @@ def test_rewards_rise_on_the_cooperative_task(tiny_models, kind):
                     temperature=1.0, top_p=1.0)
     trainer.train_dataset = length_ratio_dataset(6)
     trainer.train()
-    rewards = [h["turn_1/reward_mean"] for h in trainer.history if "turn_1/reward_mean" in h]
-    quarter = len(rewards) // 4
-    first, last = sum(rewards[:quarter]) / quarter, sum(rewards[-quarter:]) / quarter
+    first, last = reward_rise(trainer.history)
     print(f"{kind}: mean reward first quarter {first:.3f} -> last quarter {last:.3f}")
     assert last > first + 0.1
 

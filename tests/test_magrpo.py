@@ -8,6 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from comlrl_core.checkpoint import CheckpointError, verify_dir
+from helpers import reward_rise
+
 from comlrl_core.environments import length_ratio_dataset, length_ratio_reward
 from comlrl_core.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 
@@ -87,9 +89,7 @@ def test_mean_reward_rises_on_the_cooperative_task(tiny_models):
                           rollout_buffer_size=1, temperature=1.0, top_p=1.0, top_k=None, verbose=False),
     )
     trainer.train()
-    rewards = [h["turn_1/reward_mean"] for h in trainer.history if "turn_1/reward_mean" in h]
-    quarter = len(rewards) // 4
-    first, last = sum(rewards[:quarter]) / quarter, sum(rewards[-quarter:]) / quarter
+    first, last = reward_rise(trainer.history)
     print(f"mean reward first quarter {first:.3f} -> last quarter {last:.3f}")
     assert last > first + 0.1
 
