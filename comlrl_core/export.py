@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -14,12 +14,16 @@ from .checkpoint import MANIFEST, CheckpointError, publish_dir
 
 @dataclass
 class ExportEntry:
-    """One loadable directory inside an export: a model, optionally its tokenizer and value head."""
+    """One loadable directory inside an export: a model, optionally its tokenizer and heads.
+
+    ``heads`` maps a file name (``"value_head.pt"``, ``"reward_head.pt"``) to a module whose
+    ``state_dict`` is saved there, loadable with ``torch.load(..., weights_only=True)``.
+    """
 
     path: str  # relative, e.g. "agent_0" or "agent_0/critic"
     model: nn.Module
     tokenizer: object | None = None
-    value_head: nn.Module | None = None
+    heads: dict[str, nn.Module] = field(default_factory=dict)
 
 
 def export_models(output_dir: str | Path, entries: list[ExportEntry], info: dict) -> dict:
@@ -42,8 +46,8 @@ def export_models(output_dir: str | Path, entries: list[ExportEntry], info: dict
             entry.model.save_pretrained(target)
             if entry.tokenizer is not None:
                 entry.tokenizer.save_pretrained(target)
-            if entry.value_head is not None:
-                torch.save(entry.value_head.state_dict(), target / "value_head.pt")
+            for name, head in entry.heads.items():
+                torch.save(head.state_dict(), target / name)
 
     manifest = publish_dir(output_dir, write, extra={"export": json.loads(json.dumps(info, default=str))})
     return manifest

@@ -42,7 +42,8 @@ from ..tracking import Tracker, check_wandb_config
 from .data import build_formatters, check_dataset, dataset_fingerprint, epoch_items, is_map_style, next_prompts
 
 # Config fields that may change between a checkpoint and its resume.
-PORTABLE_FIELDS = {"num_train_epochs", "logging_steps", "eval_interval", "eval_num_samples", "verbose"}
+PORTABLE_FIELDS = {"num_train_epochs", "num_iterations", "logging_steps", "eval_interval", "eval_num_samples",
+                   "verbose", "reward_model_device"}
 _CHECKPOINT_PREFIX = "checkpoint-"
 
 
@@ -107,6 +108,8 @@ class Progress:
     items_done: int = 0
     env_step: int = 0
     sequence: int = 0
+    stage: str = "policy"  # preference trainers also pass through "collect" and "fit"
+    iteration: int = 0
 
 
 class TrainerBase:
@@ -140,11 +143,14 @@ class TrainerBase:
     def _export_info(self) -> dict:
         return {}
 
+    def _initial_progress(self) -> Progress:
+        return Progress()
+
     # ---- shared setup ---------------------------------------------------------------------------
     def _setup(self, *, args, agent_model, agents, num_agents, tokenizer, model_config, train_dataset, eval_dataset,
                reward_func, reward_processor, formatters, external_transition, wandb_config, eval_logger=None,
                eval_aggregator=None, family: str, critic_layout: str = "none", critic_model=None, critics=None,
-               extra_callbacks: dict | None = None) -> EntityPlan:
+               extra_callbacks: dict | None = None, plan_options: dict | None = None) -> EntityPlan:
         """Validate every constructor argument, resolve the entities (no weights yet), set shared state.
 
         Returns the plan; the subclass loads its models from it and builds its optimizers.
@@ -169,7 +175,7 @@ class TrainerBase:
                              num_agents=num_agents, config_num_agents=args.num_agents,
                              config_name=type(args).__name__, tokenizer=tokenizer, model_config=model_config,
                              critic_layout=critic_layout, critic_model=critic_model, critics=critics,
-                             allow_shared_models=args.allow_shared_models)
+                             allow_shared_models=args.allow_shared_models, **(plan_options or {}))
         self.num_agents = args.num_agents = plan.num_agents
         self.args = args
         self.reward = RewardFunction(reward_func, self.num_agents, reward_processor)
@@ -186,6 +192,7 @@ class TrainerBase:
         self.run_id: str | None = None
         self._generation: dict | None = None
         self._last_log_step = -1
+        self.eval_reward = self.reward  # preference trainers evaluate with the task reward, not the learned one
         callbacks = {"reward_func": reward_func, "reward_processor": reward_processor,
                      "external_transition": external_transition, "eval_logger": eval_logger,
                      "eval_aggregator": eval_aggregator, "eval_dataset": eval_dataset, **(extra_callbacks or {})}
@@ -237,7 +244,7 @@ class TrainerBase:
             identity = self.load_checkpoint(resume_from_checkpoint)
         else:
             self._seed_everything()
-            self.progress = Progress()
+            self.progress = self._initial_progress()
             self.run_id = uuid.uuid4().hex
         if checkpoint_dir is not None:
             self._preflight(checkpoint_dir)
@@ -325,7 +332,8 @@ class TrainerBase:
                              for i in range(self.num_agents)]
                     for i, text in enumerate(texts):
                         completions_log[i][n].append(text)
-                    rewards[turn].append(self.reward([[t] for t in texts], prompts=prompts, batch_items=[item])[0])
+                    rewards[turn].append(self.eval_reward([[t] for t in texts], prompts=prompts,
+                                                          batch_items=[item])[0])
                     if turn + 1 < args.num_turns:
                         history = ([h + [p] for h, p in zip(history[0], prompts)],
                                    [h + [t] for h, t in zip(history[1], texts)])
@@ -387,7 +395,8 @@ class TrainerBase:
 
         def write(staging: Path) -> None:
             for role, modules in self._roles().items():
-                (staging / role).mkdir()
+                if modules:
+                    (staging / role).mkdir()
                 for i, module in enumerate(modules):
                     save_tensors(staging / role / f"{i}.safetensors", module.state_dict())
             save_state(staging / "state.pt", {

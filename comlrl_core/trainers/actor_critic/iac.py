@@ -51,11 +51,12 @@ class IACTrainer(ActorCriticTrainerBase):
         entries = []
         for i, agent in enumerate(self.agents):
             if self.shared_head:
-                entries.append(ExportEntry(f"agent_{i}", agent.model, self.tokenizers[i], agent.value_head))
+                entries.append(ExportEntry(f"agent_{i}", agent.model, self.tokenizers[i], {"value_head.pt": agent.value_head}))
             else:
                 entries.append(ExportEntry(f"agent_{i}", agent, self.tokenizers[i]))
                 critic = self.critics[i]
-                entries.append(ExportEntry(f"agent_{i}/critic", critic.model, self.tokenizers[i], critic.value_head))
+                entries.append(ExportEntry(f"agent_{i}/critic", critic.model, self.tokenizers[i],
+                                           {"value_head.pt": critic.value_head}))
         return entries
 
     def _export_info(self) -> dict:

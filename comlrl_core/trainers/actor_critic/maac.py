@@ -54,7 +54,7 @@ class MAACTrainer(ActorCriticTrainerBase):
     def _export_entries(self) -> list[ExportEntry]:
         entries = [ExportEntry(f"agent_{i}", agent, self.tokenizers[i]) for i, agent in enumerate(self.agents)]
         critic = self.critics[0]
-        entries.append(ExportEntry("critic", critic.model, self.tokenizers[0], critic.value_head))
+        entries.append(ExportEntry("critic", critic.model, self.tokenizers[0], {"value_head.pt": critic.value_head}))
         return entries
 
     def _export_info(self) -> dict:
