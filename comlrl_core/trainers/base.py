@@ -13,6 +13,7 @@ import json
 import random
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -191,6 +192,7 @@ class TrainerBase:
         self.progress = Progress()
         self.run_id: str | None = None
         self._generation: dict | None = None
+        self._on_checkpoint = None
         self._last_log_step = -1
         self.eval_reward = self.reward  # preference trainers evaluate with the task reward, not the learned one
         callbacks = {"reward_func": reward_func, "reward_processor": reward_processor,
@@ -220,14 +222,19 @@ class TrainerBase:
     # ---- training loop --------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | Path | None = None, checkpoint_dir: str | Path | None = None,
               checkpoint_interval: int = 1, checkpoint_steps: int | None = None,
-              checkpoint_total_limit: int | None = None, **generation_kwargs) -> dict:
+              checkpoint_total_limit: int | None = None, on_checkpoint: Callable[[Path], None] | None = None,
+              **generation_kwargs) -> dict:
         """Train ``num_train_epochs`` epochs in total (a resumed run counts the epochs already done).
 
         ``checkpoint_dir`` turns on checkpoints: ``checkpoint-N`` at every ``checkpoint_interval``-th
         epoch, every ``checkpoint_steps`` items within an epoch, and at the end.
         ``resume_from_checkpoint`` is a checkpoint directory or ``"latest"`` (the newest valid one in
-        ``checkpoint_dir``). Extra keyword arguments go to ``generate``. Returns the last metrics.
+        ``checkpoint_dir``). ``on_checkpoint(path)`` is called after each checkpoint is published
+        (the pipeline uploads it). Extra keyword arguments go to ``generate``. Returns the last metrics.
         """
+        if on_checkpoint is not None and not callable(on_checkpoint):
+            raise TypeError("on_checkpoint must be a callable taking the checkpoint path, or None.")
+        self._on_checkpoint = on_checkpoint
         _positive_int(checkpoint_interval, "checkpoint_interval")
         _positive_int(checkpoint_steps, "checkpoint_steps", optional=True)
         _positive_int(checkpoint_total_limit, "checkpoint_total_limit", optional=True)
@@ -276,6 +283,8 @@ class TrainerBase:
             self.progress.epoch, self.progress.index = epoch + 1, 0
             due = (epoch + 1) % interval == 0 or self.progress.epoch == args.num_train_epochs
             self._commit(checkpoint_dir, save=due, total_limit=total_limit)
+            if self.progress.epoch == args.num_train_epochs and args.eval_interval and self.eval_dataset is not None:
+                self.tracker.log(self.evaluate(), self.progress.env_step)  # the "after" figure
 
     def _epoch_ends_at(self, index: int) -> bool:
         return hasattr(self.train_dataset, "__len__") and index + 1 == len(self.train_dataset)
@@ -375,7 +384,9 @@ class TrainerBase:
         self.progress.sequence += 1
         if checkpoint_dir is None or not save:
             return
-        self.save_checkpoint(checkpoint_dir / f"{_CHECKPOINT_PREFIX}{self.progress.sequence}")
+        path = self.save_checkpoint(checkpoint_dir / f"{_CHECKPOINT_PREFIX}{self.progress.sequence}")
+        if self._on_checkpoint is not None:
+            self._on_checkpoint(path)
         if total_limit is not None:
             for old in list_checkpoints(checkpoint_dir)[:-total_limit]:
                 shutil.rmtree(old)

@@ -85,6 +85,7 @@ class MARLHFTrainer(TrainerBase):
         self.reward_metrics: dict = {}
         self._preference_dir: Path | None = None
         self._resumed = False
+        self._stop_after: str | None = None
         common = dict(agent_model=agent_model, agents=agents, num_agents=self.num_agents, tokenizer=plan.tokenizers,
                       model_config=model_config, train_dataset=train_dataset, eval_dataset=eval_dataset,
                       reward_func=LearnedReward(self), formatters=formatters,
@@ -249,17 +250,32 @@ class MARLHFTrainer(TrainerBase):
     def _initial_progress(self) -> Progress:
         return Progress(stage="collect")
 
-    def _round(self, checkpoint_dir, interval, steps, total_limit) -> None:
-        """Collect, fit, train: each completed stage is a checkpoint boundary."""
+    def train(self, resume_from_checkpoint=None, checkpoint_dir=None, checkpoint_interval=1, checkpoint_steps=None,
+              checkpoint_total_limit=None, on_checkpoint=None, stop_after: str | None = None, **generation_kwargs):
+        """As :meth:`TrainerBase.train`; ``stop_after="collect"`` or ``"fit"`` stops once that stage is done
+        (and checkpointed), so a pipeline can run each stage as its own task."""
+        if stop_after not in (None, "collect", "fit"):
+            raise ValueError(f"stop_after must be None, 'collect' or 'fit', got {stop_after!r}.")
+        self._stop_after = stop_after
+        return super().train(resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_steps,
+                             checkpoint_total_limit, on_checkpoint, **generation_kwargs)
+
+    def _round(self, checkpoint_dir, interval, steps, total_limit) -> bool:
+        """Collect, fit, train: each completed stage is a checkpoint boundary. False when told to stop."""
         if self.progress.stage == "collect":
             self.collect_preferences()
             self.progress.stage = "fit"
             self._commit(checkpoint_dir, save=True, total_limit=total_limit)
+            if self._stop_after == "collect":
+                return False
         if self.progress.stage == "fit":
             self.fit_reward_model()
             self.progress.stage = "policy"
             self._commit(checkpoint_dir, save=True, total_limit=total_limit)
+            if self._stop_after == "fit":
+                return False
         super()._loop(self._generation, checkpoint_dir, interval, steps, total_limit)
+        return True
 
     def _loop(self, generation, checkpoint_dir, interval, steps, total_limit) -> None:
         self._link()
@@ -328,7 +344,8 @@ class MARLHFIterTrainer(MARLHFTrainer):
             raise ValueError(f"The checkpoint is at iteration {self.progress.iteration} but num_iterations="
                              f"{self.args.num_iterations}; num_iterations counts the whole run, so raise it.")
         while self.progress.iteration < self.args.num_iterations:
-            self._round(checkpoint_dir, interval, steps, total_limit)
+            if not self._round(checkpoint_dir, interval, steps, total_limit):
+                return
             self.tracker.log({"iter/completed_iterations": self.progress.iteration + 1}, self.progress.env_step)
             self.progress.iteration += 1
             if self.progress.iteration < self.args.num_iterations:

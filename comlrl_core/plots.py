@@ -1,0 +1,42 @@
+"""A reward/loss curve a person can look at, saved as a PNG next to the run's outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def plot_history(history: list[dict], path: str | Path, title: str = "") -> Path | None:
+    """Training reward, evaluation reward and policy losses against the env step; None when nothing was logged."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    from matplotlib import pyplot as plt
+
+    series = {
+        "train reward": "turn_1/reward_mean",
+        "eval reward": "eval/turn_1/reward_mean",
+    }
+    loss_keys = sorted({k for h in history for k in h if k.endswith("loss")})
+    curves = {label: [(h["step"], h[key]) for h in history if key in h] for label, key in series.items()}
+    losses = {key: [(h["step"], h[key]) for h in history if key in h] for key in loss_keys}
+    if not any(curves.values()) and not any(losses.values()):
+        return None
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for label, points in curves.items():
+        if points:
+            top.plot(*zip(*points), marker="o" if label.startswith("eval") else None, label=label)
+    top.set_ylabel("reward")
+    top.legend(loc="best")
+    for key, points in losses.items():
+        if points:
+            bottom.plot(*zip(*points), label=key, alpha=0.8)
+    bottom.set_xlabel("env step")
+    bottom.set_ylabel("loss")
+    if losses:
+        bottom.legend(loc="best", fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,55 @@
+"""The training pipeline: resolve entities, then each stage to its checkpoint, then export.
+
+Re-running a spec after a failure (a new flow run, a flow retry, or ``prefect flow-run retry``)
+skips the completed stages — they are cache hits — and the failed stage resumes from its last
+checkpoint, so the exported weights equal those of a run that never failed.
+"""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+
+from tasks.spec import RunSpec
+from tasks.stages import export_models, plan_stages, resolve_entities, run_stage
+
+
+@flow(name="comlrl-train", log_prints=True)
+def train_pipeline(spec: RunSpec) -> dict:
+    """Train the agents a :class:`~tasks.spec.RunSpec` describes and export them to its storage."""
+    logger = get_run_logger()
+    entities = resolve_entities(spec)
+    stages = plan_stages(spec)
+    logger.info("Run %s: %d stages (%s) into %s", spec.run_key, len(stages),
+                ", ".join(s["kind"] for s in stages), spec.storage)
+    progress = create_progress_artifact(progress=0.0, key="comlrl-stages", description="Completed stages (%)")
+    checkpoint = None
+    for done, stage in enumerate(stages, start=1):
+        checkpoint = run_stage(spec, stage, checkpoint, entities)
+        update_progress_artifact(progress, progress=100.0 * done / len(stages))
+    result = export_models(spec, checkpoint)
+    _publish_summary(spec, stages, checkpoint, result)
+    return result
+
+
+def _publish_summary(spec: RunSpec, stages: list[dict], checkpoint: dict, result: dict) -> None:
+    metrics = result.get("metrics", {})
+    rows = [{"metric": metrics.get("metric", "-"), "before": metrics.get("before"), "after": metrics.get("after")}]
+    create_table_artifact(key="comlrl-final-metrics", table=rows, description=f"{spec.algorithm} reward")
+    lines = [
+        f"# {spec.name}: {spec.algorithm}",
+        "",
+        f"- export: `{result['uri']}` (manifest digest `{result['digest'][:16]}`)",
+        f"- final checkpoint: `{checkpoint['uri']}`",
+        f"- stages: {len(stages)} ({', '.join(s['kind'] for s in stages)})",
+    ]
+    if metrics:
+        lines.append(f"- {metrics['metric']}: {metrics['before']:.4f} -> {metrics['after']:.4f}")
+    if result.get("curve"):
+        lines.append(f"- reward and loss curve: `{result['curve']}`")
+    create_markdown_artifact(key="comlrl-run-summary", markdown="\n".join(lines), description="Run summary")

@@ -1,0 +1,205 @@
+"""One Prefect task per pipeline stage. Each returns a short reference, never a model object.
+
+A stage restores the trainer from the previous stage's checkpoint, works up to its checkpoint
+boundary, publishes the checkpoint to the run's storage and returns ``{"key", "uri", "digest"}``.
+Cache keys hash the spec, the stage and the *content* digests of the inputs (checkpoint manifests,
+entity fingerprints), so a changed upstream input always recomputes downstream. Checkpoints
+written inside a stage are uploaded as they appear, so a failed stage resumes from its last one,
+on this worker or another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
+
+from comlrl_core.checkpoint import sha256_file
+from comlrl_core.entities import plan_entities
+from comlrl_core.plots import plot_history
+from comlrl_core.storage import StorageError, open_storage
+from comlrl_core.trainers.base import checkpoint_sequence, latest_checkpoint
+
+from .spec import RunSpec
+
+STAGE_CACHE = INPUTS + TASK_SOURCE  # no run id: completed stages are reused by later flow runs
+
+
+def _transient(task, task_run, state) -> bool:
+    """Retry storage and network failures; a bad spec or corrupt checkpoint fails at once."""
+    try:
+        state.result()
+    except (StorageError, ConnectionError, TimeoutError):
+        return True
+    except Exception:  # noqa: BLE001 - everything else is deterministic
+        return False
+    return False
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def _ref(storage, key: str) -> dict:
+    """A published directory by location and content (the sha256 of its manifest)."""
+    return {"key": key, "uri": storage.uri(key), "digest": _digest(storage.read_manifest(key))}
+
+
+def plan_stages(spec: RunSpec) -> list[dict]:
+    """The stage list: preference stages where the algorithm has them, then training in
+    ``stage_epochs`` chunks (one chunk per iteration for MARLHFIter)."""
+    config = spec.trainer_config()
+    stages = []
+
+    def policy_chunks(prefix: dict):
+        total = config.num_train_epochs
+        for end in range(spec.stage_epochs, total + spec.stage_epochs, spec.stage_epochs):
+            stages.append({**prefix, "kind": "policy", "epochs": min(end, total)})
+
+    if spec.algorithm == "marlhf_iter":
+        for iteration in range(config.num_iterations):
+            for kind in ("collect", "fit", "policy"):
+                stages.append({"kind": kind, "iteration": iteration})
+    elif spec.algorithm == "marlhf":
+        stages += [{"kind": "collect"}, {"kind": "fit"}]
+        policy_chunks({})
+    else:
+        policy_chunks({})
+    return [{**stage, "index": i} for i, stage in enumerate(stages)]
+
+
+def _entity_plan_kwargs(spec: RunSpec, config) -> dict:
+    if spec.algorithm == "magrpo":
+        return {"family": "magrpo"}
+    if spec.algorithm == "iac":
+        return {"family": "actor_critic", "critic_layout": "separate" if config.use_separate_critic else "shared"}
+    if spec.algorithm == "maac":
+        return {"family": "actor_critic", "critic_layout": "central"}
+    layout = {"magrpo": "none", "maac": "central"}.get(config.backend,
+                                                       "separate" if config.use_separate_critic else "shared")
+    return {"family": "magrpo", "critic_layout": layout, "reward_model": True,
+            "reward_model_name": config.reward_model_name, "reward_model_device": config.reward_model_device,
+            "critic_model_name": config.critic_model_name, "critic_defaults_to_actor": True}
+
+
+def _fingerprint(source: str) -> dict:
+    path = Path(source).expanduser()
+    if not path.is_dir():
+        return {"id": source}  # a hub id: its name is its identity here (nothing is downloaded)
+    return {"dir": str(path.resolve()),
+            "files": {p.relative_to(path).as_posix(): sha256_file(p) for p in sorted(path.rglob("*")) if p.is_file()}}
+
+
+@task(name="resolve-entities", cache_policy=NO_CACHE)
+def resolve_entities(spec: RunSpec) -> dict:
+    """Check every seed rule (configs and tokenizers only) and fingerprint the sources' files."""
+    config = spec.trainer_config()
+    plan = plan_entities(owner=spec.algorithm, agent_model=spec.agent_model, agents=spec.agents,
+                         num_agents=spec.num_agents, config_num_agents=config.num_agents,
+                         config_name=type(config).__name__, tokenizer=spec._tokenizers(),
+                         model_config=spec.model_options, critic_model=spec.critic_model, critics=spec.critics,
+                         allow_shared_models=config.allow_shared_models, **_entity_plan_kwargs(spec, config))
+    sources = [s for s in [*plan.agent_sources, *plan.critic_sources, plan.reward_model_source] if s]
+    manifest = {"num_agents": plan.num_agents, "sources": {s: _fingerprint(s) for s in dict.fromkeys(sources)}}
+    get_run_logger().info("Resolved %d agents from %d source(s).", plan.num_agents, len(manifest["sources"]))
+    return manifest
+
+
+def _work_dir() -> tempfile.TemporaryDirectory:
+    return tempfile.TemporaryDirectory(prefix="comlrl-stage-", dir=os.environ.get("COMLRL_WORK_DIR"))
+
+
+def _latest_partial(storage, key: str, into: Path) -> Path | None:
+    """Download the newest complete checkpoint this stage uploaded before it was interrupted."""
+    names = sorted((n for n in storage.list_dirs(key) if checkpoint_sequence(Path(n)) is not None),
+                   key=lambda n: checkpoint_sequence(Path(n)))
+    for name in reversed(names):
+        if storage.exists(f"{key}/{name}"):
+            storage.get_dir(f"{key}/{name}", into / name)
+            return into / name
+    return None
+
+
+def _stage_overrides(spec: RunSpec, stage: dict) -> tuple[dict, dict]:
+    """Config overrides and ``train()`` arguments that stop the trainer at this stage's boundary."""
+    if spec.algorithm == "marlhf_iter":
+        config = {"num_iterations": stage["iteration"] + 1}
+    else:
+        config = {"num_train_epochs": stage["epochs"]} if stage["kind"] == "policy" else {}
+    stop = {"stop_after": stage["kind"]} if stage["kind"] in ("collect", "fit") else {}
+    return config, stop
+
+
+@task(name="training-stage", task_run_name="stage-{stage[index]:02d}-{stage[kind]}", cache_policy=STAGE_CACHE,
+      persist_result=True, retries=2,
+      retry_delay_seconds=[2, 10], retry_condition_fn=_transient)
+def run_stage(spec: RunSpec, stage: dict, previous: dict | None, entities: dict) -> dict:
+    """Run one stage to its checkpoint boundary; returns the published checkpoint's reference."""
+    logger = get_run_logger()
+    storage = open_storage(spec.storage)
+    # Keyed by the inputs' content, so changed weights or an upstream rerun never find stale checkpoints.
+    inputs = _digest({"entities": entities, "previous": previous and previous["digest"], "stage": stage})
+    stage_key = f"{spec.run_key}/stage-{stage['index']:02d}-{stage['kind']}-{inputs[:12]}"
+    if storage.exists(f"{stage_key}/final"):  # completed before, but the Prefect cache was lost
+        return _ref(storage, f"{stage_key}/final")
+    with _work_dir() as work:
+        work = Path(work)
+        resume = _latest_partial(storage, f"{stage_key}/partial", work / "partial")
+        if resume is not None:
+            logger.info("Resuming stage %s from its checkpoint %s.", stage_key, resume.name)
+        elif previous is not None:
+            resume = work / "previous"
+            storage.get_dir(previous["key"], resume)
+        overrides, stop = _stage_overrides(spec, stage)
+        trainer = spec.build_trainer(**overrides)
+        checkpoints = work / "checkpoints"
+
+        def upload(path: Path) -> None:
+            storage.put_dir(path, f"{stage_key}/partial/{path.name}")
+            logger.info("Checkpoint %s of stage %s uploaded.", path.name, stage_key)
+
+        trainer.train(resume_from_checkpoint=resume, checkpoint_dir=checkpoints,
+                      checkpoint_steps=spec.checkpoint_steps, on_checkpoint=upload, **stop)
+        storage.put_dir(latest_checkpoint(checkpoints), f"{stage_key}/final")
+    logger.info("Stage %s complete: %s", stage_key, storage.uri(f"{stage_key}/final"))
+    return _ref(storage, f"{stage_key}/final")
+
+
+@task(name="export", cache_policy=STAGE_CACHE, persist_result=True, retries=2, retry_delay_seconds=[2, 10],
+      retry_condition_fn=_transient)
+def export_models(spec: RunSpec, final: dict) -> dict:
+    """``save_model`` from the final checkpoint, published to storage with its manifest written last."""
+    storage = open_storage(spec.storage)
+    export_key = f"{spec.run_key}/export-{final['digest'][:12]}"
+    with _work_dir() as work:
+        work = Path(work)
+        storage.get_dir(final["key"], work / "final")
+        trainer = spec.build_trainer()
+        trainer.load_checkpoint(work / "final")
+        trainer.save_model(work / "export")
+        storage.put_dir(work / "export", export_key)
+        history = trainer.history
+        curve = plot_history(history, work / "reward_curve.png", title=f"{spec.name} ({spec.algorithm})")
+        if curve is not None:
+            (work / "report").mkdir()
+            curve.rename(work / "report" / curve.name)
+            storage.put_dir(work / "report", f"{export_key}-report")
+    report = f"{export_key}-report" if curve is not None else None
+    return {**_ref(storage, export_key), "metrics": summarize(history),
+            "curve": storage.uri(f"{report}/reward_curve.png") if report else None}
+
+
+def summarize(history: list[dict]) -> dict:
+    """Reward before -> after: the first and last evaluation when there is one, else training reward."""
+    for key in ("eval/turn_1/reward_mean", "turn_1/reward_mean"):
+        values = [h[key] for h in history if key in h]
+        if values:
+            quarter = max(len(values) // 4, 1) if key == "turn_1/reward_mean" else 1
+            return {"metric": key, "before": sum(values[:quarter]) / quarter,
+                    "after": sum(values[-quarter:]) / quarter, "points": len(values)}
+    return {}

@@ -1,0 +1,224 @@
+"""The Prefect pipeline on a real (temporary) Prefect API: every algorithm, resume three ways, caching, S3."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from prefect.client.orchestration import get_client
+from prefect.testing.utilities import prefect_test_harness
+from pydantic import ValidationError
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from comlrl_core.storage import open_storage
+from comlrl_core.tiny_models import build_tiny_models
+from flows.cli import demo_spec
+from flows.cli import main as cli_main
+from flows.pipeline import train_pipeline
+from tasks.spec import RunSpec
+from tasks.stages import plan_stages
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_api():
+    with prefect_test_harness(server_startup_timeout=90):
+        yield
+
+
+def spec_for(tiny_models, tmp_path, algorithm="magrpo", **changes):
+    spec = demo_spec(algorithm, {k: Path(v) for k, v in tiny_models.items()}, str(tmp_path / "runs"))
+    spec["config"].update(num_train_epochs=2, max_new_tokens=6, eval_interval=0)
+    spec["config"].update(changes.pop("config", {}))
+    spec["stage_epochs"] = 1
+    spec.update(changes)
+    return RunSpec(**spec)
+
+
+def exported_weights(result: dict) -> dict:
+    local = Path(result["uri"])
+    return {p.relative_to(local).as_posix(): load_file(p) for p in sorted(local.rglob("model.safetensors"))}
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[f][k], b[f][k]) for f in a for k in a[f])
+
+
+async def _task_states(flow_run_id) -> dict[str, str]:
+    async with get_client() as client:
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return {run.name: run.state.name for run in runs}
+
+
+def task_states(state) -> dict[str, str]:
+    import asyncio
+
+    return asyncio.run(_task_states(state.state_details.flow_run_id))
+
+
+# ---- the spec ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("change, field", [
+    ({"algorithm": "ppo"}, "algorithm"),
+    ({"reward_func": "comlrl_core.environments:nope"}, "reward_func"),
+    ({"reward_func": "no_such_module:f"}, "reward_func"),
+    ({"train_dataset": {"file": "/does/not/exist.jsonl"}}, "train_dataset"),
+    ({"config": {"agent_learning_rate": -1.0}}, "agent_learning_rate"),
+    ({"config": {"learning_rate": 1e-3}}, "learning_rate"),
+    ({"name": "../escape"}, "name"),
+    ({"storage_uri": "x"}, "storage_uri"),
+])
+def test_bad_specs_are_refused_naming_the_field(tiny_models, tmp_path, change, field):
+    base = demo_spec("magrpo", {k: Path(v) for k, v in tiny_models.items()}, str(tmp_path))
+    config = {**base["config"], **change.pop("config", {})}
+    with pytest.raises((ValueError, ValidationError), match=field):
+        RunSpec(**{**base, "config": config, **change})
+
+
+def test_stage_plans():
+    models = {"qwen2-tiny": Path("q"), "llama-tiny": Path("l")}
+    kinds = {a: [s["kind"] for s in plan_stages(RunSpec.model_construct(**{**demo_spec(a, models, "/tmp"),
+                                                                            "stage_epochs": 2}))]
+             for a in ("magrpo", "marlhf", "marlhf_iter")}
+    assert kinds["magrpo"] == ["policy", "policy"]
+    assert kinds["marlhf"] == ["collect", "fit", "policy", "policy"]
+    assert kinds["marlhf_iter"] == ["collect", "fit", "policy"] * 2
+
+
+# ---- every algorithm -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("algorithm", ["magrpo", "iac", "maac", "marlhf", "marlhf_iter"])
+def test_every_algorithm_runs_and_exports(tiny_models, tmp_path, algorithm):
+    config = {"num_iterations": 1, "num_train_epochs": 1} if algorithm == "marlhf_iter" else {}
+    spec = spec_for(tiny_models, tmp_path, algorithm, config=config,
+                    eval_dataset={"builtin": "length_ratio", "size": 2, "offset": 6})
+    result = train_pipeline(spec)
+    export = Path(result["uri"])
+    assert (export / "manifest.json").is_file()
+    AutoModelForCausalLM.from_pretrained(export / "agent_1")
+    if algorithm.startswith("marlhf"):
+        assert (export / "reward_model" / "reward_head.pt").is_file()
+    assert result["metrics"]
+    assert Path(result["curve"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---- resume -----------------------------------------------------------------------------------------
+
+def resumable_spec(tiny_models, tmp_path, storage):
+    return spec_for(tiny_models, tmp_path, reward_func="pipeline_faults:fail_once", checkpoint_steps=1,
+                    storage=str(storage), train_dataset={"builtin": "length_ratio", "size": 3})
+
+
+@pytest.fixture()
+def uninterrupted(tiny_models, tmp_path):
+    """Exported weights of the same spec run without a fault (into other storage)."""
+    return exported_weights(train_pipeline(resumable_spec(tiny_models, tmp_path, tmp_path / "clean")))
+
+
+@pytest.fixture()
+def faulty(uninterrupted, monkeypatch, tmp_path):
+    """From here on, reward call 5 (inside the second training stage) fails once."""
+    marker = tmp_path / "fault-happened"
+    monkeypatch.setenv("COMLRL_FAULT_MARKER", str(marker))
+    monkeypatch.setenv("COMLRL_FAULT_AT", "5")
+    return marker
+
+
+def test_a_new_flow_run_skips_completed_stages_and_resumes_the_failed_one(tiny_models, tmp_path, faulty,
+                                                                          uninterrupted):
+    spec = resumable_spec(tiny_models, tmp_path, tmp_path / "runs")
+    failed = train_pipeline(spec, return_state=True)
+    assert failed.is_failed() and faulty.exists()
+    storage = open_storage(spec.storage)
+    stage_dir = next(d for d in storage.list_dirs(spec.run_key) if d.startswith("stage-01-policy"))
+    assert storage.list_dirs(f"{spec.run_key}/{stage_dir}/partial")  # it had checkpointed before it failed
+    second = train_pipeline(spec, return_state=True)
+    assert second.is_completed()
+    states = task_states(second)
+    assert states["stage-00-policy"] == "Cached"
+    assert states["stage-01-policy"] == "Completed"
+    assert same_weights(exported_weights(second.result()), uninterrupted)
+
+
+def test_a_flow_retry_resumes(tiny_models, tmp_path, faulty, uninterrupted):
+    spec = resumable_spec(tiny_models, tmp_path, tmp_path / "runs")
+    state = train_pipeline.with_options(retries=1, retry_delay_seconds=0)(spec, return_state=True)
+    assert state.is_completed() and faulty.exists()
+    assert same_weights(exported_weights(state.result()), uninterrupted)
+
+
+def test_a_killed_process_resumes_on_rerun(tiny_models, tmp_path, faulty, uninterrupted):
+    from prefect.settings import get_current_settings
+
+    spec = resumable_spec(tiny_models, tmp_path, tmp_path / "runs")
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    env = {**os.environ, "COMLRL_FAULT_KILL": "1", "PREFECT_API_URL": str(get_current_settings().api.url),
+           "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, "-m", "flows.cli", "run", str(spec_file)]
+
+    def run(log: str) -> tuple[int, str]:
+        with open(tmp_path / log, "w") as out:
+            code = subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=600).returncode
+        return code, (tmp_path / log).read_text()
+
+    code, _ = run("killed.log")
+    assert code == -9 and faulty.exists()  # SIGKILL in the middle of the second stage
+    code, output = run("rerun.log")
+    assert code == 0, output[-3000:]
+    export = next(line.split(": ", 1)[1] for line in output.splitlines() if line.startswith("export: "))
+    assert same_weights(exported_weights({"uri": export}), uninterrupted)
+
+
+def test_changed_model_weights_recompute_every_stage(tiny_models, tmp_path):
+    models = tmp_path / "models"
+    build_tiny_models(models, names=["qwen2-tiny", "llama-tiny"])
+    spec = spec_for({k: str(models / k) for k in ("qwen2-tiny", "llama-tiny")}, tmp_path)
+    first = train_pipeline(spec, return_state=True)
+    cached = train_pipeline(spec, return_state=True)
+    assert set(task_states(cached).values()) == {"Cached", "Completed"}
+    assert task_states(cached)["stage-00-policy"] == "Cached"
+    build_tiny_models(models, seed=1, names=["qwen2-tiny"])  # same path, new weights
+    changed = train_pipeline(spec, return_state=True)
+    assert task_states(changed)["stage-00-policy"] == "Completed"
+    assert not same_weights(exported_weights(first.result()), exported_weights(changed.result()))
+
+
+# ---- S3 and the CLI ------------------------------------------------------------------------------------
+
+def test_export_to_s3_round_trip(tiny_models, tmp_path, monkeypatch):
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        for key, value in {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(key, value)
+        import boto3
+
+        boto3.client("s3").create_bucket(Bucket="comlrl-test")
+        spec = spec_for(tiny_models, tmp_path, storage="s3://comlrl-test/runs")
+        result = train_pipeline(spec)
+        assert result["uri"].startswith("s3://comlrl-test/runs/")
+        storage = open_storage(spec.storage)
+        storage.get_dir(result["key"], tmp_path / "downloaded")
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / "downloaded" / "agent_0")
+        assert model.config.model_type == "qwen2"
+    finally:
+        server.stop()
+
+
+def test_cli_reports_a_bad_spec_before_loading_anything(tmp_path, capsys):
+    spec_file = tmp_path / "bad.yaml"
+    spec_file.write_text(yaml.safe_dump({"algorithm": "magrpo", "agent_model": "x", "config": {"num_generations": 1}}))
+    assert cli_main(["run", str(spec_file)]) == 2
+    assert "num_generations" in capsys.readouterr().err
