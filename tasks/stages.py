@@ -20,12 +20,11 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 
 from comlrl_core.checkpoint import sha256_file
-from comlrl_core.entities import plan_entities
 from comlrl_core.plots import plot_history
 from comlrl_core.storage import StorageError, open_storage
-from comlrl_core.trainers.base import checkpoint_sequence, latest_checkpoint
+from comlrl_core.trainers.checkpointing import checkpoint_sequence, latest_checkpoint
 
-from .spec import RunSpec
+from .spec import ALGORITHMS, RunSpec
 
 STAGE_CACHE = INPUTS + TASK_SOURCE  # no run id: completed stages are reused by later flow runs
 
@@ -73,20 +72,6 @@ def plan_stages(spec: RunSpec) -> list[dict]:
     return [{**stage, "index": i} for i, stage in enumerate(stages)]
 
 
-def _entity_plan_kwargs(spec: RunSpec, config) -> dict:
-    if spec.algorithm == "magrpo":
-        return {"family": "magrpo"}
-    if spec.algorithm == "iac":
-        return {"family": "actor_critic", "critic_layout": "separate" if config.use_separate_critic else "shared"}
-    if spec.algorithm == "maac":
-        return {"family": "actor_critic", "critic_layout": "central"}
-    layout = {"magrpo": "none", "maac": "central"}.get(config.backend,
-                                                       "separate" if config.use_separate_critic else "shared")
-    return {"family": "magrpo", "critic_layout": layout, "reward_model": True,
-            "reward_model_name": config.reward_model_name, "reward_model_device": config.reward_model_device,
-            "critic_model_name": config.critic_model_name, "critic_defaults_to_actor": True}
-
-
 def _fingerprint(source: str) -> dict:
     path = Path(source).expanduser()
     if not path.is_dir():
@@ -98,12 +83,11 @@ def _fingerprint(source: str) -> dict:
 @task(name="resolve-entities", cache_policy=NO_CACHE)
 def resolve_entities(spec: RunSpec) -> dict:
     """Check every seed rule (configs and tokenizers only) and fingerprint the sources' files."""
-    config = spec.trainer_config()
-    plan = plan_entities(owner=spec.algorithm, agent_model=spec.agent_model, agents=spec.agents,
-                         num_agents=spec.num_agents, config_num_agents=config.num_agents,
-                         config_name=type(config).__name__, tokenizer=spec._tokenizers(),
-                         model_config=spec.model_options, critic_model=spec.critic_model, critics=spec.critics,
-                         allow_shared_models=config.allow_shared_models, **_entity_plan_kwargs(spec, config))
+    trainer_class = ALGORITHMS[spec.algorithm][0]
+    plan = trainer_class.check_entities(spec.trainer_config(), agent_model=spec.agent_model, agents=spec.agents,
+                                        num_agents=spec.num_agents, tokenizer=spec._tokenizers(),
+                                        model_config=spec.model_options, critic_model=spec.critic_model,
+                                        critics=spec.critics)
     sources = [s for s in [*plan.agent_sources, *plan.critic_sources, plan.reward_model_source] if s]
     manifest = {"num_agents": plan.num_agents, "sources": {s: _fingerprint(s) for s in dict.fromkeys(sources)}}
     get_run_logger().info("Resolved %d agents from %d source(s).", plan.num_agents, len(manifest["sources"]))

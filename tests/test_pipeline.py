@@ -85,7 +85,7 @@ def test_bad_specs_are_refused_naming_the_field(tiny_models, tmp_path, change, f
 def test_stage_plans():
     models = {"qwen2-tiny": Path("q"), "llama-tiny": Path("l")}
     kinds = {a: [s["kind"] for s in plan_stages(RunSpec.model_construct(**{**demo_spec(a, models, "/tmp"),
-                                                                            "stage_epochs": 2}))]
+                                                                            "stage_epochs": 4}))]
              for a in ("magrpo", "marlhf", "marlhf_iter")}
     assert kinds["magrpo"] == ["policy", "policy"]
     assert kinds["marlhf"] == ["collect", "fit", "policy", "policy"]

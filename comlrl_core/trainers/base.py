@@ -1,4 +1,4 @@
-"""What every trainer shares: the epoch loop with its checkpoint boundaries, exact resume, export.
+"""What every trainer shares: constructor setup, the epoch loop with its checkpoint boundaries, evaluation, export.
 
 A subclass provides the algorithm (``_train_item``, ``_end_epoch``, ``evaluate``), the modules and
 optimizers it owns (``_roles``, ``_optimizer_groups``), its runtime state, and its export layout.
@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
-import json
 import random
-import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -19,33 +16,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..checkpoint import (
-    METADATA,
-    CheckpointError,
-    capture_rng,
-    is_staging_name,
-    load_state,
-    load_tensors,
-    publish_dir,
-    read_checkpoint_metadata,
-    restore_rng,
-    save_state,
-    save_tensors,
-    verify_dir,
-    write_metadata,
-)
+from ..checkpoint import capture_rng, restore_rng
 from ..devices import default_device
 from ..entities import EntityPlan, plan_entities
 from ..export import ExportEntry, export_models
 from ..rewards import RewardFunction
 from ..rollout import sample
 from ..tracking import Tracker, check_wandb_config
-from .data import build_formatters, check_dataset, dataset_fingerprint, epoch_items, is_map_style, next_prompts
-
-# Config fields that may change between a checkpoint and its resume.
-PORTABLE_FIELDS = {"num_train_epochs", "num_iterations", "logging_steps", "eval_interval", "eval_num_samples",
-                   "verbose", "reward_model_device"}
-_CHECKPOINT_PREFIX = "checkpoint-"
+from .checkpointing import CheckpointMixin, Progress, latest_checkpoint
+from .data import build_formatters, check_dataset, epoch_items, is_map_style, next_prompts
 
 
 def _positive_int(value, name: str, optional: bool = False) -> None:
@@ -55,65 +34,7 @@ def _positive_int(value, name: str, optional: bool = False) -> None:
         raise ValueError(f"{name} must be a positive integer{' or None' if optional else ''}, got {value!r}.")
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
-    payload = {
-        "vocab": sorted(tokenizer.get_vocab().items()),
-        "special": {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())},
-        "padding_side": tokenizer.padding_side,
-        "chat_template": getattr(tokenizer, "chat_template", None),
-    }
-    return hashlib.sha256(json.dumps(payload, default=str).encode()).hexdigest()
-
-
-def module_fingerprint(module: torch.nn.Module) -> str:
-    """Architecture identity: parameter names, shapes and dtypes (the weights come from the checkpoint)."""
-    layout = [(name, list(t.shape), str(t.dtype)) for name, t in module.state_dict().items()]
-    return hashlib.sha256(json.dumps(layout).encode()).hexdigest()
-
-
-def checkpoint_sequence(path: Path) -> int | None:
-    name = path.name
-    if not name.startswith(_CHECKPOINT_PREFIX) or is_staging_name(name):
-        return None
-    digits = name[len(_CHECKPOINT_PREFIX):]
-    return int(digits) if digits.isdigit() else None
-
-
-def list_checkpoints(checkpoint_dir: Path) -> list[Path]:
-    """Published ``checkpoint-N`` directories, oldest first (staging leftovers are skipped)."""
-    if not checkpoint_dir.is_dir():
-        return []
-    found = [(checkpoint_sequence(p), p) for p in checkpoint_dir.iterdir() if p.is_dir()]
-    return [p for seq, p in sorted((s, p) for s, p in found if s is not None)]
-
-
-def latest_checkpoint(checkpoint_dir: str | Path) -> Path:
-    """The newest checkpoint that verifies against its manifest (older valid ones are skipped past)."""
-    errors = []
-    for path in reversed(list_checkpoints(Path(checkpoint_dir))):
-        try:
-            verify_dir(path)
-            return path
-        except CheckpointError as exc:
-            errors.append(str(exc))
-    detail = f" ({'; '.join(errors)})" if errors else ""
-    raise CheckpointError(f"resume_from_checkpoint='latest': no valid checkpoint in {checkpoint_dir}{detail}.")
-
-
-@dataclasses.dataclass
-class Progress:
-    """Where training stands: the next item to process, and counters that must survive a resume."""
-
-    epoch: int = 0
-    index: int = 0
-    items_done: int = 0
-    env_step: int = 0
-    sequence: int = 0
-    stage: str = "policy"  # preference trainers also pass through "collect" and "fit"
-    iteration: int = 0
-
-
-class TrainerBase:
+class TrainerBase(CheckpointMixin):
     """Shared trainer machinery; see the module docstring for what subclasses provide."""
 
     algorithm_name = "base"
@@ -148,10 +69,26 @@ class TrainerBase:
         return Progress()
 
     # ---- shared setup ---------------------------------------------------------------------------
+    @classmethod
+    def _entity_options(cls, args) -> dict:
+        """How this trainer resolves entities: the rule family, critic layout and reward-model options."""
+        return {"family": "magrpo"}
+
+    @classmethod
+    def check_entities(cls, args=None, *, agent_model=None, agents=None, num_agents=None, tokenizer=None,
+                       model_config=None, critic_model=None, critics=None) -> EntityPlan:
+        """Check every seed rule for these constructor arguments, reading configs and tokenizers only
+        (no weights): what the constructor checks first, callable on its own (the pipeline does)."""
+        args = args if args is not None else cls.config_class()
+        return plan_entities(owner=cls.__name__, agent_model=agent_model, agents=agents, num_agents=num_agents,
+                             config_num_agents=args.num_agents, config_name=type(args).__name__,
+                             tokenizer=tokenizer, model_config=model_config, critic_model=critic_model,
+                             critics=critics, allow_shared_models=args.allow_shared_models,
+                             **cls._entity_options(args))
+
     def _setup(self, *, args, agent_model, agents, num_agents, tokenizer, model_config, train_dataset, eval_dataset,
                reward_func, reward_processor, formatters, external_transition, wandb_config, eval_logger=None,
-               eval_aggregator=None, family: str, critic_layout: str = "none", critic_model=None, critics=None,
-               extra_callbacks: dict | None = None, plan_options: dict | None = None) -> EntityPlan:
+               eval_aggregator=None, critic_model=None, critics=None, extra_callbacks: dict | None = None) -> EntityPlan:
         """Validate every constructor argument, resolve the entities (no weights yet), set shared state.
 
         Returns the plan; the subclass loads its models from it and builds its optimizers.
@@ -172,11 +109,9 @@ class TrainerBase:
         wandb_config = check_wandb_config(wandb_config)
         check_dataset(train_dataset, "train_dataset")
         check_dataset(eval_dataset, "eval_dataset")
-        plan = plan_entities(owner=owner, family=family, agent_model=agent_model, agents=agents,
-                             num_agents=num_agents, config_num_agents=args.num_agents,
-                             config_name=type(args).__name__, tokenizer=tokenizer, model_config=model_config,
-                             critic_layout=critic_layout, critic_model=critic_model, critics=critics,
-                             allow_shared_models=args.allow_shared_models, **(plan_options or {}))
+        plan = self.check_entities(args, agent_model=agent_model, agents=agents, num_agents=num_agents,
+                                   tokenizer=tokenizer, model_config=model_config, critic_model=critic_model,
+                                   critics=critics)
         self.num_agents = args.num_agents = plan.num_agents
         self.args = args
         self.reward = RewardFunction(reward_func, self.num_agents, reward_processor)
@@ -365,122 +300,6 @@ class TrainerBase:
         if is_map_style(self.eval_dataset):
             return (self.eval_dataset[i] for i in range(len(self.eval_dataset)))
         return iter(self.eval_dataset)
-
-    # ---- checkpoints ----------------------------------------------------------------------------
-    def _preflight(self, checkpoint_dir: Path) -> None:
-        """Never overwrite another run's checkpoints."""
-        for path in list_checkpoints(checkpoint_dir):
-            try:
-                owner = read_checkpoint_metadata(path)["run_id"]
-            except CheckpointError:
-                owner = None
-            if owner != self.run_id:
-                raise FileExistsError(
-                    f"checkpoint_dir {checkpoint_dir} already holds {path.name} of another run; resume it with "
-                    "resume_from_checkpoint, or use an empty checkpoint_dir."
-                )
-
-    def _commit(self, checkpoint_dir: Path | None, save: bool, total_limit: int | None) -> None:
-        self.progress.sequence += 1
-        if checkpoint_dir is None or not save:
-            return
-        path = self.save_checkpoint(checkpoint_dir / f"{_CHECKPOINT_PREFIX}{self.progress.sequence}")
-        if self._on_checkpoint is not None:
-            self._on_checkpoint(path)
-        if total_limit is not None:
-            for old in list_checkpoints(checkpoint_dir)[:-total_limit]:
-                shutil.rmtree(old)
-
-    def _fingerprints(self) -> dict:
-        return {
-            "dataset": dataset_fingerprint(self.train_dataset),
-            "tokenizers": [tokenizer_fingerprint(t) for t in self.tokenizers],
-            "models": {role: [module_fingerprint(m) for m in modules] for role, modules in self._roles().items()},
-            "callbacks": {name: f"{type(obj).__module__}.{type(obj).__qualname__}"
-                          for name, obj in self._callbacks.items() if hasattr(obj, "state_dict")},
-        }
-
-    def save_checkpoint(self, path: str | Path) -> Path:
-        """Write the complete training state to ``path`` atomically (staging dir, fsync, rename)."""
-        path = Path(path)
-
-        def write(staging: Path) -> None:
-            for role, modules in self._roles().items():
-                if modules:
-                    (staging / role).mkdir()
-                for i, module in enumerate(modules):
-                    save_tensors(staging / role / f"{i}.safetensors", module.state_dict())
-            save_state(staging / "state.pt", {
-                "optimizers": {group: [o.state_dict() for o in opts] for group, opts in self._optimizer_groups().items()},
-                "rng": capture_rng(),
-                "runtime": self._runtime_state(),
-                "history": self.history,
-                "callbacks": {name: obj.state_dict() for name, obj in self._callbacks.items()
-                              if hasattr(obj, "state_dict")},
-            })
-            write_metadata(staging, trainer_class=self.trainer_class(), sequence=self.progress.sequence,
-                           run_id=self.run_id, wandb=self.tracker.identity(), extra={
-                               "progress": dataclasses.asdict(self.progress),
-                               "config": dataclasses.asdict(self.args),
-                               "fingerprints": self._fingerprints(),
-                           })
-
-        publish_dir(path, write)
-        return path
-
-    def load_checkpoint(self, path: str | Path) -> dict | None:
-        """Verify, check compatibility, and restore everything; returns the W&B identity to resume."""
-        path = Path(path)
-        if path.name == METADATA:
-            path = path.parent
-        verify_dir(path)
-        identity = read_checkpoint_metadata(path)
-        meta = json.loads((path / METADATA).read_text())
-        if identity["trainer_class"] != self.trainer_class():
-            raise CheckpointError(f"{path} was written by {identity['trainer_class']}, not {self.trainer_class()}.")
-        self._check_compatible(meta, path)
-        for role, modules in self._roles().items():
-            for i, module in enumerate(modules):
-                module.load_state_dict(load_tensors(path / role / f"{i}.safetensors"))
-        state = load_state(path / "state.pt")
-        for group, opts in self._optimizer_groups().items():
-            for opt, saved in zip(opts, state["optimizers"][group]):
-                opt.load_state_dict(saved)
-        for name, saved in state["callbacks"].items():
-            self._callbacks[name].load_state_dict(saved)
-        self._load_runtime_state(state["runtime"])
-        self.tracker.history[:] = list(state["history"])
-        self.progress = Progress(**meta["progress"])
-        self.run_id = identity["run_id"]
-        restore_rng(state["rng"])
-        return identity["wandb"]
-
-    def _check_compatible(self, meta: dict, path: Path) -> None:
-        saved_config, config = meta["config"], json.loads(json.dumps(dataclasses.asdict(self.args)))
-        fields = sorted(k for k in set(saved_config) | set(config)
-                        if k not in PORTABLE_FIELDS and saved_config.get(k) != config.get(k))
-        if fields:
-            detail = ", ".join(f"{k}: checkpoint {saved_config.get(k)!r} != now {config.get(k)!r}" for k in fields)
-            raise CheckpointError(f"{path}: the training config does not match the checkpoint ({detail}). Only "
-                                  f"{sorted(PORTABLE_FIELDS)} may change on resume.")
-        saved, now = meta["fingerprints"], self._fingerprints()
-        mismatched = []
-        if saved["dataset"] != now["dataset"]:
-            mismatched.append("train_dataset (content or length differs)")
-        for i, (a, b) in enumerate(zip(saved["tokenizers"], now["tokenizers"])):
-            if a != b:
-                mismatched.append(f"tokenizer {i} (vocabulary or special tokens differ)")
-        for role, prints in now["models"].items():
-            for i, (a, b) in enumerate(zip(saved["models"].get(role, []), prints)):
-                if a != b:
-                    mismatched.append(f"{role}[{i}] (architecture: parameter names, shapes or dtypes differ)")
-            if len(saved["models"].get(role, [])) != len(prints):
-                mismatched.append(f"{role} (count differs)")
-        if saved["callbacks"] != now["callbacks"]:
-            mismatched.append(f"stateful callbacks ({saved['callbacks']} != {now['callbacks']})")
-        if mismatched:
-            raise CheckpointError(f"{path} does not match this trainer: " + "; ".join(mismatched)
-                                  + ". Recreate the trainer with the same models, tokenizers, data and callbacks.")
 
     # ---- export ---------------------------------------------------------------------------------
     def save_model(self, output_dir: str | Path) -> Path:

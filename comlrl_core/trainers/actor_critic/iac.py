@@ -21,19 +21,21 @@ class IACTrainer(ActorCriticTrainerBase):
                  formatters=None, args=None, train_dataset=None, eval_dataset=None, model_config=None,
                  wandb_config=None, metrics_callback=None, external_transition=None, agents=None, critics=None,
                  num_agents=None):
-        separate = (args.use_separate_critic if isinstance(args, IACConfig) else True)
         plan = self._setup(args=args, agent_model=agent_model, agents=agents, num_agents=num_agents,
                            tokenizer=tokenizer, model_config=model_config, train_dataset=train_dataset,
                            eval_dataset=eval_dataset, reward_func=reward_func, reward_processor=reward_processor,
                            formatters=formatters, external_transition=external_transition, wandb_config=wandb_config,
-                           family="actor_critic", critic_layout="separate" if separate else "shared",
                            critic_model=critic_model, critics=critics,
                            extra_callbacks={"metrics_callback": metrics_callback})
         self.metrics_callback = metrics_callback
-        self._build(plan, shared_head=not separate, load_critics=lambda: load_critics(
+        self._build(plan, shared_head=not self.args.use_separate_critic, load_critics=lambda: load_critics(
             plan, [self.device] * len(plan.critic_sources),
             value_head_hidden_dim=self.args.critic_value_head_hidden_dim,
             field="IACConfig.critic_value_head_hidden_dim"))
+
+    @classmethod
+    def _entity_options(cls, args) -> dict:
+        return {"family": "actor_critic", "critic_layout": "separate" if args.use_separate_critic else "shared"}
 
     def _critic_inputs(self, prompts, completions):
         rows = []

@@ -33,13 +33,17 @@ class MAACTrainer(ActorCriticTrainerBase):
                            tokenizer=tokenizer, model_config=model_config, train_dataset=train_dataset,
                            eval_dataset=eval_dataset, reward_func=reward_func, reward_processor=reward_processor,
                            formatters=formatters, external_transition=external_transition, wandb_config=wandb_config,
-                           family="actor_critic", critic_layout="central", critic_model=critic_model,
-                           critics=critics, extra_callbacks={"metrics_callback": metrics_callback})
+                           critic_model=critic_model, critics=critics,
+                           extra_callbacks={"metrics_callback": metrics_callback})
         self.metrics_callback = metrics_callback
         self.critic_value_head_hidden_dim = plan.model_config.get("critic_value_head_hidden_dim")
         self._build(plan, shared_head=False, load_critics=lambda: load_critics(
             plan, [self.device], value_head_hidden_dim=self.critic_value_head_hidden_dim,
             field="model_config['critic_value_head_hidden_dim']"))
+
+    @classmethod
+    def _entity_options(cls, args) -> dict:
+        return {"family": "actor_critic", "critic_layout": "central"}
 
     def _critic_inputs(self, prompts, completions):
         k = completions[0].completion_ids.shape[0]

@@ -31,7 +31,8 @@ from ...entities import load_reward_model
 from ...export import ExportEntry
 from ...rollout import sample
 from ..actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
-from ..base import Progress, TrainerBase
+from ..base import TrainerBase
+from ..checkpointing import Progress
 from ..config import TrainerConfig
 from ..data import epoch_items
 from ..reinforce import MAGRPOConfig, MAGRPOTrainer
@@ -61,21 +62,13 @@ class MARLHFTrainer(TrainerBase):
                  train_dataset=None, eval_dataset=None, reward_func=None, reward_processor=None, formatters=None,
                  external_transition=None, wandb_config=None, eval_logger=None, eval_aggregator=None, args=None,
                  metrics_callback=None, critic_model=None, critics=None):
-        config = args if isinstance(args, self.config_class) else None
-        backend = config.backend if config is not None else "magrpo"
-        separate = config.use_separate_critic if config is not None else True
-        layout = {"magrpo": "none", "maac": "central", "iac": "separate" if separate else "shared"}[backend]
         plan = self._setup(
             args=args, agent_model=agent_model, agents=agents, num_agents=num_agents, tokenizer=tokenizer,
             model_config=model_config, train_dataset=train_dataset, eval_dataset=eval_dataset,
             reward_func=reward_func, reward_processor=reward_processor, formatters=formatters,
             external_transition=external_transition, wandb_config=wandb_config, eval_logger=eval_logger,
-            eval_aggregator=eval_aggregator, family="magrpo", critic_layout=layout, critic_model=critic_model,
-            critics=critics, extra_callbacks={"metrics_callback": metrics_callback},
-            plan_options={"reward_model": True, "reward_model_name": config.reward_model_name if config else None,
-                          "reward_model_device": config.reward_model_device if config else "cuda:0",
-                          "critic_model_name": config.critic_model_name if config else None,
-                          "critic_defaults_to_actor": True},
+            eval_aggregator=eval_aggregator, critic_model=critic_model, critics=critics,
+            extra_callbacks={"metrics_callback": metrics_callback},
         )
         self.plan = plan
         self.reward_model = None
@@ -92,6 +85,14 @@ class MARLHFTrainer(TrainerBase):
                       external_transition=external_transition)
         self.policy = self._policy_trainer(common, plan, model_config, eval_logger, eval_aggregator, metrics_callback)
         self.policy.eval_reward = self.reward  # evaluation always uses the task reward
+
+    @classmethod
+    def _entity_options(cls, args) -> dict:
+        layout = {"magrpo": "none", "maac": "central",
+                  "iac": "separate" if args.use_separate_critic else "shared"}[args.backend]
+        return {"family": "magrpo", "critic_layout": layout, "reward_model": True,
+                "reward_model_name": args.reward_model_name, "reward_model_device": args.reward_model_device,
+                "critic_model_name": args.critic_model_name, "critic_defaults_to_actor": True}
 
     def _policy_trainer(self, common, plan, model_config, eval_logger, eval_aggregator, metrics_callback):
         """The RL backend, built on the same sources, with every critic and value-head option forwarded."""

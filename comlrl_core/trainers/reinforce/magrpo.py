@@ -73,8 +73,7 @@ class MAGRPOTrainer(TrainerBase):
                            tokenizer=tokenizer, model_config=model_config, train_dataset=train_dataset,
                            eval_dataset=eval_dataset, reward_func=reward_func, reward_processor=reward_processor,
                            formatters=formatters, external_transition=external_transition,
-                           wandb_config=wandb_config, eval_logger=eval_logger, eval_aggregator=eval_aggregator,
-                           family="magrpo")
+                           wandb_config=wandb_config, eval_logger=eval_logger, eval_aggregator=eval_aggregator)
         self.agents = load_agents(plan, self.device)
         for agent in self.agents:
             agent.train()
