@@ -174,8 +174,11 @@ def export_models(spec: RunSpec, final: dict) -> dict:
             curve.rename(work / "report" / curve.name)
             storage.put_dir(work / "report", f"{export_key}-report")
     report = f"{export_key}-report" if curve is not None else None
-    return {**_ref(storage, export_key), "metrics": summarize(history),
-            "curve": storage.uri(f"{report}/reward_curve.png") if report else None}
+    exported = {**_ref(storage, export_key), "metrics": summarize(history),
+                "curve": storage.uri(f"{report}/reward_curve.png") if report else None}
+    # The "latest" pointer moves only once the new export is complete; older exports stay untouched.
+    storage.put_text(f"{spec.name}/LATEST", json.dumps({k: exported[k] for k in ("key", "uri", "digest")}) + "\n")
+    return exported
 
 
 def summarize(history: list[dict]) -> dict:
