@@ -159,7 +159,7 @@ class RunSpec(BaseModel):
         elif isinstance(formatters, list):
             formatters = [load_reference(f, f"formatters[{i}]") for i, f in enumerate(formatters)]
         kwargs = dict(
-            agent_model=self.agent_model, agents=self.agents, tokenizer=self._tokenizers(),
+            agent_model=self.agent_model, agents=self.agents, tokenizer=self.load_tokenizers(),
             model_config=self.model_options, train_dataset=self.train_dataset.load(),
             eval_dataset=self.eval_dataset.load() if self.eval_dataset else None,
             reward_func=load_reference(self.reward_func, "reward_func"),
@@ -175,7 +175,8 @@ class RunSpec(BaseModel):
             kwargs["num_agents"] = self.num_agents
         return trainer_class(**kwargs)
 
-    def _tokenizers(self):
+    def load_tokenizers(self):
+        """The spec's tokenizers (ids or directories), or None to let the trainer load them."""
         if self.tokenizers is None:
             return None
         from transformers import AutoTokenizer

@@ -85,7 +85,7 @@ def resolve_entities(spec: RunSpec) -> dict:
     """Check every seed rule (configs and tokenizers only) and fingerprint the sources' files."""
     trainer_class = ALGORITHMS[spec.algorithm][0]
     plan = trainer_class.check_entities(spec.trainer_config(), agent_model=spec.agent_model, agents=spec.agents,
-                                        num_agents=spec.num_agents, tokenizer=spec._tokenizers(),
+                                        num_agents=spec.num_agents, tokenizer=spec.load_tokenizers(),
                                         model_config=spec.model_options, critic_model=spec.critic_model,
                                         critics=spec.critics)
     sources = [s for s in [*plan.agent_sources, *plan.critic_sources, plan.reward_model_source] if s]
