@@ -14,12 +14,13 @@ import hashlib
 import json
 import os
 import tempfile
+import uuid
 from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 
-from comlrl_core.checkpoint import sha256_file
+from comlrl_core.checkpoint import CheckpointError, sha256_file
 from comlrl_core.plots import plot_history
 from comlrl_core.storage import StorageError, open_storage
 from comlrl_core.trainers.checkpointing import checkpoint_sequence, latest_checkpoint
@@ -47,6 +48,14 @@ def _digest(value) -> str:
 def _ref(storage, key: str) -> dict:
     """A published directory by location and content (the sha256 of its manifest)."""
     return {"key": key, "uri": storage.uri(key), "digest": _digest(storage.read_manifest(key))}
+
+
+def _fetch(storage, ref: dict, into: Path) -> Path:
+    """Download a referenced directory, refusing one whose content is not what was referenced."""
+    if _digest(storage.get_dir(ref["key"], into)) != ref["digest"]:
+        raise CheckpointError(f"{ref['uri']} changed after it was produced (manifest digest differs); "
+                              "re-run the flow so the stage that wrote it runs again.")
+    return into
 
 
 def plan_stages(spec: RunSpec) -> list[dict]:
@@ -98,14 +107,29 @@ def _work_dir() -> tempfile.TemporaryDirectory:
     return tempfile.TemporaryDirectory(prefix="comlrl-stage-", dir=os.environ.get("COMLRL_WORK_DIR"))
 
 
+def _owner() -> str:
+    """Who writes: the flow run (a retry of it continues its own files), else a fresh id."""
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id or uuid.uuid4().hex)
+
+
 def _latest_partial(storage, key: str, into: Path) -> Path | None:
-    """Download the newest complete checkpoint this stage uploaded before it was interrupted."""
-    names = sorted((n for n in storage.list_dirs(key) if checkpoint_sequence(Path(n)) is not None),
-                   key=lambda n: checkpoint_sequence(Path(n)))
-    for name in reversed(names):
-        if storage.exists(f"{key}/{name}"):
-            storage.get_dir(f"{key}/{name}", into / name)
-            return into / name
+    """Download the newest complete checkpoint any run of this stage uploaded before it stopped."""
+    found = [(checkpoint_sequence(Path(name)), f"{owner}/{name}") for owner in storage.list_dirs(key)
+             for name in storage.list_dirs(f"{key}/{owner}") if checkpoint_sequence(Path(name)) is not None]
+    for _, rel in sorted(found, reverse=True):
+        if storage.exists(f"{key}/{rel}"):
+            storage.get_dir(f"{key}/{rel}", into / Path(rel).name)
+            return into / Path(rel).name
+    return None
+
+
+def _finished(storage, stage_key: str) -> str | None:
+    """A published final checkpoint of this stage from any run (the fallback when the cache is lost)."""
+    for name in storage.list_dirs(stage_key):
+        if name.startswith("final-") and storage.exists(f"{stage_key}/{name}"):
+            return f"{stage_key}/{name}"
     return None
 
 
@@ -129,29 +153,30 @@ def run_stage(spec: RunSpec, stage: dict, previous: dict | None, entities: dict)
     # Keyed by the inputs' content, so changed weights or an upstream rerun never find stale checkpoints.
     inputs = _digest({"entities": entities, "previous": previous and previous["digest"], "stage": stage})
     stage_key = f"{spec.run_key}/stage-{stage['index']:02d}-{stage['kind']}-{inputs[:12]}"
-    if storage.exists(f"{stage_key}/final"):  # completed before, but the Prefect cache was lost
-        return _ref(storage, f"{stage_key}/final")
+    finished = _finished(storage, stage_key)
+    if finished is not None:  # completed before, but the Prefect cache was lost
+        return _ref(storage, finished)
+    owner = _owner()  # runs of one spec at the same time write into separate directories
     with _work_dir() as work:
         work = Path(work)
         resume = _latest_partial(storage, f"{stage_key}/partial", work / "partial")
         if resume is not None:
             logger.info("Resuming stage %s from its checkpoint %s.", stage_key, resume.name)
         elif previous is not None:
-            resume = work / "previous"
-            storage.get_dir(previous["key"], resume)
+            resume = _fetch(storage, previous, work / "previous")
         overrides, stop = _stage_overrides(spec, stage)
         trainer = spec.build_trainer(**overrides)
         checkpoints = work / "checkpoints"
 
         def upload(path: Path) -> None:
-            storage.put_dir(path, f"{stage_key}/partial/{path.name}")
+            storage.put_dir(path, f"{stage_key}/partial/{owner}/{path.name}")
             logger.info("Checkpoint %s of stage %s uploaded.", path.name, stage_key)
 
         trainer.train(resume_from_checkpoint=resume, checkpoint_dir=checkpoints,
                       checkpoint_steps=spec.checkpoint_steps, on_checkpoint=upload, **stop)
-        storage.put_dir(latest_checkpoint(checkpoints), f"{stage_key}/final")
-    logger.info("Stage %s complete: %s", stage_key, storage.uri(f"{stage_key}/final"))
-    return _ref(storage, f"{stage_key}/final")
+        storage.put_dir(latest_checkpoint(checkpoints), f"{stage_key}/final-{owner}")
+    logger.info("Stage %s complete: %s", stage_key, storage.uri(f"{stage_key}/final-{owner}"))
+    return _ref(storage, f"{stage_key}/final-{owner}")
 
 
 @task(name="export", cache_policy=STAGE_CACHE, persist_result=True, retries=2, retry_delay_seconds=[2, 10],
@@ -162,9 +187,8 @@ def export_models(spec: RunSpec, final: dict) -> dict:
     export_key = f"{spec.run_key}/export-{final['digest'][:12]}"
     with _work_dir() as work:
         work = Path(work)
-        storage.get_dir(final["key"], work / "final")
         trainer = spec.build_trainer()
-        trainer.load_checkpoint(work / "final")
+        trainer.load_checkpoint(_fetch(storage, final, work / "final"))
         trainer.save_model(work / "export")
         storage.put_dir(work / "export", export_key)
         history = trainer.history

@@ -177,6 +177,25 @@ def test_a_killed_process_resumes_on_rerun(tiny_models, tmp_path, faulty, uninte
     assert same_weights(exported_weights({"uri": export}), uninterrupted)
 
 
+def test_two_runs_of_one_spec_at_once_do_not_collide(tiny_models, tmp_path):
+    from prefect.settings import get_current_settings
+
+    spec = spec_for(tiny_models, tmp_path, checkpoint_steps=1)
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    env = {**os.environ, "PREFECT_API_URL": str(get_current_settings().api.url)}
+    logs = [open(tmp_path / f"run-{i}.log", "w") for i in range(2)]
+    runs = [subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(spec_file)], env=env, stdout=log,
+                             stderr=subprocess.STDOUT) for log in logs]
+    assert [run.wait(600) for run in runs] == [0, 0]
+    exports = [next(line.split(": ", 1)[1] for line in (tmp_path / f"run-{i}.log").read_text().splitlines()
+                    if line.startswith("export: ")) for i in range(2)]
+    storage = open_storage(spec.storage)
+    for i, export in enumerate(exports):  # each export is complete and intact
+        storage.get_dir(str(Path(export).relative_to(storage.uri())), tmp_path / f"export-{i}")
+    assert same_weights(exported_weights({"uri": exports[0]}), exported_weights({"uri": exports[1]}))
+
+
 def test_changed_model_weights_recompute_every_stage(tiny_models, tmp_path):
     models = tmp_path / "models"
     build_tiny_models(models, names=["qwen2-tiny", "llama-tiny"])
