@@ -32,7 +32,7 @@ def train_pipeline(spec: RunSpec) -> dict:
     for done, stage in enumerate(stages, start=1):
         checkpoint = run_stage(spec, stage, checkpoint, entities)
         update_progress_artifact(progress, progress=100.0 * done / len(stages))
-    result = export_models(spec, checkpoint)
+    result = export_models(spec, checkpoint, entities)
     _publish_summary(spec, stages, checkpoint, result)
     return result
 

@@ -86,7 +86,8 @@ class DatasetSpec(BaseModel):
 
 
 class RunSpec(BaseModel):
-    """A pipeline run. ``config`` holds the trainer config fields (e.g. ``MAGRPOConfig``)."""
+    """A pipeline run. ``config`` holds the trainer config fields (e.g. ``MAGRPOConfig``);
+    ``init_from`` ("latest" or an export key) retrains from an earlier export's agents."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -109,6 +110,7 @@ class RunSpec(BaseModel):
     stage_epochs: int = Field(1, ge=1)
     checkpoint_steps: int | None = Field(None, ge=1)
     storage: str = "./comlrl-runs"
+    init_from: str | None = None
     wandb: dict[str, Any] | None = None
 
     @field_validator("name")
@@ -129,7 +131,12 @@ class RunSpec(BaseModel):
         for i, ref in enumerate(refs):
             load_reference(ref, f"formatters[{i}]" if isinstance(self.formatters, list) else "formatters")
         if self.agent_model is None and self.agents is None:
-            raise ValueError("give agent_model (one id or directory for every agent) or agents (one per agent).")
+            raise ValueError("give agent_model (one id or directory for every agent) or agents (one per agent); "
+                             "with init_from they are the starting point until a first export exists.")
+        if self.init_from not in (None, "latest"):
+            from comlrl_core.storage import safe_key
+
+            self.init_from = safe_key(self.init_from)
         return self
 
     def trainer_config(self, **overrides):
@@ -149,8 +156,9 @@ class RunSpec(BaseModel):
         """Where this spec's checkpoints and exports live in storage: ``name/spec-digest``."""
         return f"{self.name}/{self.digest[:16]}"
 
-    def build_trainer(self, **config_overrides):
-        """The trainer this spec describes (loads the models)."""
+    def build_trainer(self, initial_agents: list[str] | None = None, **config_overrides):
+        """The trainer this spec describes (loads the models); ``initial_agents`` (the directories of
+        an earlier export, for retraining) replace ``agent_model``/``agents``."""
         trainer_class, _ = ALGORITHMS[self.algorithm]
         args = self.trainer_config(**config_overrides)
         formatters = self.formatters
@@ -159,7 +167,8 @@ class RunSpec(BaseModel):
         elif isinstance(formatters, list):
             formatters = [load_reference(f, f"formatters[{i}]") for i, f in enumerate(formatters)]
         kwargs = dict(
-            agent_model=self.agent_model, agents=self.agents, tokenizer=self.load_tokenizers(),
+            agent_model=None if initial_agents else self.agent_model, agents=initial_agents or self.agents,
+            tokenizer=self.load_tokenizers(),
             model_config=self.model_options, train_dataset=self.train_dataset.load(),
             eval_dataset=self.eval_dataset.load() if self.eval_dataset else None,
             reward_func=load_reference(self.reward_func, "reward_func"),

@@ -24,6 +24,7 @@ from comlrl_core.checkpoint import CheckpointError, sha256_file
 from comlrl_core.plots import plot_history
 from comlrl_core.storage import StorageError, open_storage
 from comlrl_core.trainers.checkpointing import checkpoint_sequence, latest_checkpoint
+from comlrl_core.trainers.data import dataset_fingerprint
 
 from .spec import ALGORITHMS, RunSpec
 
@@ -89,17 +90,48 @@ def _fingerprint(source: str) -> dict:
             "files": {p.relative_to(path).as_posix(): sha256_file(p) for p in sorted(path.rglob("*")) if p.is_file()}}
 
 
+def _initial_export(spec: RunSpec, storage) -> dict | None:
+    """The export a retraining run starts from: ``init_from`` ("latest", or an export key), if any."""
+    if spec.init_from is None:
+        return None
+    if spec.init_from == "latest":
+        pointer = storage.get_text(f"{spec.name}/LATEST")
+        if pointer is None:
+            return None  # the first run of a retraining schedule starts from agent_model/agents
+        return json.loads(pointer)
+    if not storage.exists(spec.init_from):
+        raise ValueError(f"init_from={spec.init_from!r}: no complete export there in {spec.storage}.")
+    return _ref(storage, spec.init_from)
+
+
+def initial_agents(spec: RunSpec, init: dict | None) -> list[str] | None:
+    """Local directories of the initial export's agents (downloaded once per export digest)."""
+    if init is None:
+        return None
+    cache = Path(os.environ.get("COMLRL_CACHE_DIR", Path.home() / ".cache" / "comlrl")) / "exports" / init["digest"]
+    if not cache.is_dir():
+        _fetch(open_storage(spec.storage), init, cache)
+    return [str(cache / f"agent_{i}") for i in range(len(list(cache.glob("agent_*"))))]
+
+
 @task(name="resolve-entities", cache_policy=NO_CACHE)
 def resolve_entities(spec: RunSpec) -> dict:
-    """Check every seed rule (configs and tokenizers only) and fingerprint the sources' files."""
+    """Check every seed rule (configs and tokenizers only), fingerprint the sources' files and the data,
+    and pin the export a retraining run starts from; downstream cache keys include all of it."""
+    init = _initial_export(spec, open_storage(spec.storage))
+    agents = initial_agents(spec, init)
     trainer_class = ALGORITHMS[spec.algorithm][0]
-    plan = trainer_class.check_entities(spec.trainer_config(), agent_model=spec.agent_model, agents=spec.agents,
-                                        num_agents=spec.num_agents, tokenizer=spec.load_tokenizers(),
-                                        model_config=spec.model_options, critic_model=spec.critic_model,
-                                        critics=spec.critics)
+    plan = trainer_class.check_entities(spec.trainer_config(), agent_model=None if agents else spec.agent_model,
+                                        agents=agents or spec.agents, num_agents=spec.num_agents,
+                                        tokenizer=spec.load_tokenizers(), model_config=spec.model_options,
+                                        critic_model=spec.critic_model, critics=spec.critics)
     sources = [s for s in [*plan.agent_sources, *plan.critic_sources, plan.reward_model_source] if s]
-    manifest = {"num_agents": plan.num_agents, "sources": {s: _fingerprint(s) for s in dict.fromkeys(sources)}}
-    get_run_logger().info("Resolved %d agents from %d source(s).", plan.num_agents, len(manifest["sources"]))
+    manifest = {"num_agents": plan.num_agents, "init": init,
+                "sources": {s: _fingerprint(s) for s in dict.fromkeys(sources)},
+                "data": {"train": dataset_fingerprint(spec.train_dataset.load()),
+                         "eval": dataset_fingerprint(spec.eval_dataset.load() if spec.eval_dataset else None)}}
+    get_run_logger().info("Resolved %d agents from %d source(s)%s.", plan.num_agents, len(manifest["sources"]),
+                          f", starting from export {init['key']}" if init else "")
     return manifest
 
 
@@ -165,7 +197,7 @@ def run_stage(spec: RunSpec, stage: dict, previous: dict | None, entities: dict)
         elif previous is not None:
             resume = _fetch(storage, previous, work / "previous")
         overrides, stop = _stage_overrides(spec, stage)
-        trainer = spec.build_trainer(**overrides)
+        trainer = spec.build_trainer(initial_agents(spec, entities["init"]), **overrides)
         checkpoints = work / "checkpoints"
 
         def upload(path: Path) -> None:
@@ -181,13 +213,13 @@ def run_stage(spec: RunSpec, stage: dict, previous: dict | None, entities: dict)
 
 @task(name="export", cache_policy=STAGE_CACHE, persist_result=True, retries=2, retry_delay_seconds=[2, 10],
       retry_condition_fn=_transient)
-def export_models(spec: RunSpec, final: dict) -> dict:
+def export_models(spec: RunSpec, final: dict, entities: dict) -> dict:
     """``save_model`` from the final checkpoint, published to storage with its manifest written last."""
     storage = open_storage(spec.storage)
     export_key = f"{spec.run_key}/export-{final['digest'][:12]}"
     with _work_dir() as work:
         work = Path(work)
-        trainer = spec.build_trainer()
+        trainer = spec.build_trainer(initial_agents(spec, entities["init"]))
         trainer.load_checkpoint(_fetch(storage, final, work / "final"))
         trainer.save_model(work / "export")
         storage.put_dir(work / "export", export_key)

@@ -1,5 +1,6 @@
 """The Prefect pipeline on a real (temporary) Prefect API: every algorithm, resume three ways, caching, S3."""
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pydantic import ValidationError
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from comlrl_core.environments import length_ratio_dataset
 from comlrl_core.storage import open_storage
 from comlrl_core.tiny_models import build_tiny_models
 from flows.cli import demo_spec
@@ -194,6 +196,26 @@ def test_two_runs_of_one_spec_at_once_do_not_collide(tiny_models, tmp_path):
     for i, export in enumerate(exports):  # each export is complete and intact
         storage.get_dir(str(Path(export).relative_to(storage.uri())), tmp_path / f"export-{i}")
     assert same_weights(exported_weights({"uri": exports[0]}), exported_weights({"uri": exports[1]}))
+
+
+def test_retraining_starts_from_the_latest_export_and_keeps_every_export(tiny_models, tmp_path, monkeypatch):
+    monkeypatch.setenv("COMLRL_CACHE_DIR", str(tmp_path / "cache"))
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in length_ratio_dataset(3)))
+    spec = spec_for(tiny_models, tmp_path, init_from="latest", train_dataset={"file": str(data)})
+    storage = open_storage(spec.storage)
+    first = train_pipeline(spec)  # no export yet: starts from agent_model
+    assert json.loads(storage.get_text(f"{spec.name}/LATEST"))["key"] == first["key"]
+    data.write_text("".join(json.dumps(d) + "\n" for d in length_ratio_dataset(3, offset=3)))  # new data
+    second = train_pipeline(spec, return_state=True)
+    assert task_states(second)["stage-00-policy"] == "Completed"  # new data and new start: no stale cache hit
+    second = second.result()
+    assert second["key"] != first["key"] and storage.exists(first["key"])  # the previous export is untouched
+    assert json.loads(storage.get_text(f"{spec.name}/LATEST"))["key"] == second["key"]
+    resumed_from = load_file(tmp_path / "cache" / "exports" / first["digest"] / "agent_0" /
+                             "model.safetensors")
+    first_weights = exported_weights(first)["agent_0/model.safetensors"]
+    assert all(torch.equal(resumed_from[k], first_weights[k]) for k in first_weights)
 
 
 def test_changed_model_weights_recompute_every_stage(tiny_models, tmp_path):
