@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -52,8 +53,9 @@ def _ref(storage, key: str) -> dict:
 
 
 def _fetch(storage, ref: dict, into: Path) -> Path:
-    """Download a referenced directory, refusing one whose content is not what was referenced."""
+    """Download a referenced directory, refusing (and removing) one whose content is not what was referenced."""
     if _digest(storage.get_dir(ref["key"], into)) != ref["digest"]:
+        shutil.rmtree(into)
         raise CheckpointError(f"{ref['uri']} changed after it was produced (manifest digest differs); "
                               "re-run the flow so the stage that wrote it runs again.")
     return into
@@ -83,11 +85,11 @@ def plan_stages(spec: RunSpec) -> list[dict]:
 
 
 def _fingerprint(source: str) -> dict:
+    """A source's content identity: the sha256 of every file of a directory (wherever it lies), or a hub id."""
     path = Path(source).expanduser()
     if not path.is_dir():
         return {"id": source}  # a hub id: its name is its identity here (nothing is downloaded)
-    return {"dir": str(path.resolve()),
-            "files": {p.relative_to(path).as_posix(): sha256_file(p) for p in sorted(path.rglob("*")) if p.is_file()}}
+    return {"files": {p.relative_to(path).as_posix(): sha256_file(p) for p in sorted(path.rglob("*")) if p.is_file()}}
 
 
 def _initial_export(spec: RunSpec, storage) -> dict | None:
@@ -127,7 +129,7 @@ def resolve_entities(spec: RunSpec) -> dict:
                                         critic_model=spec.critic_model, critics=spec.critics)
     sources = [s for s in [*plan.agent_sources, *plan.critic_sources, plan.reward_model_source] if s]
     manifest = {"num_agents": plan.num_agents, "init": init,
-                "sources": {s: _fingerprint(s) for s in dict.fromkeys(sources)},
+                "sources": [_fingerprint(s) for s in dict.fromkeys(sources)],
                 "data": {"train": dataset_fingerprint(spec.train_dataset.load()),
                          "eval": dataset_fingerprint(spec.eval_dataset.load() if spec.eval_dataset else None)}}
     get_run_logger().info("Resolved %d agents from %d source(s)%s.", plan.num_agents, len(manifest["sources"]),
