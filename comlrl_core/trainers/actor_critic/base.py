@@ -12,12 +12,11 @@ from __future__ import annotations
 import copy
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from ...entities import load_agents
+from ...entities import load_agents, load_critics
 from ...models import CausalLMWithValueHead
 from ...rollout import actor_inputs, completion_logprobs, reference_kl, sample
 from ..base import TrainerBase
@@ -76,18 +75,39 @@ def last_values(critic: CausalLMWithValueHead, sequences: list[torch.Tensor]) ->
 
 
 class ActorCriticTrainerBase(TrainerBase):
-    """Subclasses set the critic layout and implement ``_critic_inputs``."""
+    """The IAC/MAAC constructor and loop; subclasses give the critic layout (``_entity_options``), the
+    critic head's size (``_critic_head``) and what the critics read (``_critic_inputs``)."""
 
-    def _build(self, plan, *, shared_head: bool, load_critics: Callable[[], list[CausalLMWithValueHead]]) -> None:
+    def __init__(self, agent_model=None, critic_model=None, tokenizer=None, reward_func=None, reward_processor=None,
+                 formatters=None, args=None, train_dataset=None, eval_dataset=None, model_config=None,
+                 wandb_config=None, metrics_callback=None, external_transition=None, agents=None, critics=None,
+                 num_agents=None):
+        plan = self._setup(args=args, agent_model=agent_model, agents=agents, num_agents=num_agents,
+                           tokenizer=tokenizer, model_config=model_config, train_dataset=train_dataset,
+                           eval_dataset=eval_dataset, reward_func=reward_func, reward_processor=reward_processor,
+                           formatters=formatters, external_transition=external_transition, wandb_config=wandb_config,
+                           critic_model=critic_model, critics=critics,
+                           extra_callbacks={"metrics_callback": metrics_callback})
+        self.metrics_callback = metrics_callback
+        self._build(plan)
+
+    def _critic_head(self, plan) -> tuple[int | None, str]:
+        """The separate critics' value-head width and the setting that names it (for error messages)."""
+        raise NotImplementedError
+
+    def _build(self, plan) -> None:
         """Load actors and critics (value heads seeded from ``args.seed``) and build the optimizers."""
         args = self.args
+        shared_head = plan.critic_layout == "shared"
+        hidden_dim, field = self._critic_head(plan)
         # Value heads are initialised from the seed, so two trainers built alike start identical.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(args.seed)
             self.agents = load_agents(plan, self.device, value_head=shared_head,
                                       value_head_hidden_dim=getattr(args, "value_head_hidden_dim", None),
                                       field="IACConfig.value_head_hidden_dim")
-            self.critics = load_critics()
+            self.critics = load_critics(plan, [self.device] * len(plan.critic_sources),
+                                        value_head_hidden_dim=hidden_dim, field=field)
         self.shared_head = shared_head
         for module in [*self.agents, *self.critics]:
             module.train()

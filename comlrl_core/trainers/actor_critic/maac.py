@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from ...entities import load_critics
 from ...export import ExportEntry
 from .base import ActorCriticTrainerBase
 from .config import MAACConfig
@@ -25,21 +24,8 @@ class MAACTrainer(ActorCriticTrainerBase):
     algorithm_name = "MAAC"
     config_class = MAACConfig
 
-    def __init__(self, agent_model=None, critic_model=None, tokenizer=None, reward_func=None, reward_processor=None,
-                 formatters=None, args=None, train_dataset=None, eval_dataset=None, model_config=None,
-                 wandb_config=None, metrics_callback=None, external_transition=None, agents=None, critics=None,
-                 num_agents=None):
-        plan = self._setup(args=args, agent_model=agent_model, agents=agents, num_agents=num_agents,
-                           tokenizer=tokenizer, model_config=model_config, train_dataset=train_dataset,
-                           eval_dataset=eval_dataset, reward_func=reward_func, reward_processor=reward_processor,
-                           formatters=formatters, external_transition=external_transition, wandb_config=wandb_config,
-                           critic_model=critic_model, critics=critics,
-                           extra_callbacks={"metrics_callback": metrics_callback})
-        self.metrics_callback = metrics_callback
-        self.critic_value_head_hidden_dim = plan.model_config.get("critic_value_head_hidden_dim")
-        self._build(plan, shared_head=False, load_critics=lambda: load_critics(
-            plan, [self.device], value_head_hidden_dim=self.critic_value_head_hidden_dim,
-            field="model_config['critic_value_head_hidden_dim']"))
+    def _critic_head(self, plan) -> tuple[int | None, str]:
+        return plan.model_config.get("critic_value_head_hidden_dim"), "model_config['critic_value_head_hidden_dim']"
 
     @classmethod
     def _entity_options(cls, args) -> dict:
