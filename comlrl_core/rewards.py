@@ -6,7 +6,8 @@ parameter not named ``prompts`` or ``batch_items``; those two (the per-agent pro
 ``[dataset item]``) are passed by name, only when the function declares them or takes ``**kwargs``. It returns one float per joint sample (a list, tuple,
 tensor or array; a bare number only when there is one joint sample). Functions written for the
 reference library's aligned mode fit this convention; unlike it, nothing is retried with fewer
-arguments, and a NaN or infinite reward raises.
+arguments, a NaN or infinite reward raises ``FloatingPointError``, and an exception raised inside
+the function keeps its type and gains a note naming ``reward_func`` (or ``reward_processor``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ import torch
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _KEYWORDS = ("prompts", "batch_items")
+
+
+def _name(func: Callable) -> str:
+    return repr(getattr(func, "__qualname__", None) or type(func).__name__)
 
 
 class RewardFunction:
@@ -66,13 +71,21 @@ class RewardFunction:
         count = len(completions[0])
         available = {"prompts": prompts, "batch_items": batch_items}
         keywords = {k: available[k] for k in self.keywords}
-        if self.by_name:
-            raw = self.func(**dict(zip(self.by_name, map(list, completions))), **keywords)
-        else:
-            raw = self.func(*[list(c) for c in completions], **keywords)
+        try:
+            if self.by_name:
+                raw = self.func(**dict(zip(self.by_name, map(list, completions))), **keywords)
+            else:
+                raw = self.func(*[list(c) for c in completions], **keywords)
+        except Exception as exc:
+            exc.add_note(f"raised inside reward_func {_name(self.func)} (called with {count} joint samples).")
+            raise
         values = self._as_floats(raw, count)
         if self.processor is not None:
-            values = [float(self.processor(v)) for v in values]
+            try:
+                values = [float(self.processor(v)) for v in values]
+            except Exception as exc:
+                exc.add_note(f"raised inside reward_processor {_name(self.processor)} (or its result is not a number).")
+                raise
         bad = [v for v in values if not math.isfinite(v)]
         if bad:
             raise FloatingPointError(f"reward_func/reward_processor returned a non-finite reward ({bad[0]}); "

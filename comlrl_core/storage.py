@@ -16,6 +16,7 @@ import shutil
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import boto3
 from boto3.exceptions import Boto3Error
@@ -93,13 +94,28 @@ class Storage(ABC):
     def uri(self, key: str = "") -> str:
         """The full URI of ``key`` (the storage root for ``""``), for messages and logs."""
 
-    @abstractmethod
     def put_dir(self, local_dir: str | Path, key: str) -> dict:
         """Publish ``local_dir`` under ``key``, replacing what was there; return its manifest.
 
         A directory already published with a manifest is verified first and keeps its extra
         manifest fields. The stored directory becomes valid only once it is completely written.
+        When ``key`` already holds exactly this directory, intact, nothing is written: a retried
+        upload never takes a complete directory out of view.
         """
+        key = safe_key(key)
+        manifest = _describe_source(Path(local_dir))
+        if self.read_manifest(key) == manifest and self._intact(key, manifest):
+            return manifest
+        self._put(Path(local_dir), key, manifest)
+        return manifest
+
+    @abstractmethod
+    def _put(self, source: Path, key: str, manifest: dict) -> None:
+        """Store ``source``'s listed files under ``key``, ``manifest.json`` last."""
+
+    @abstractmethod
+    def _intact(self, key: str, manifest: dict) -> bool:
+        """Whether every file ``manifest`` lists is stored under ``key`` with its size and sha256."""
 
     @abstractmethod
     def list_dirs(self, key: str = "") -> list[str]:
@@ -177,16 +193,20 @@ class LocalStorage(Storage):
     def uri(self, key: str = "") -> str:
         return str(self._path(key))
 
-    def put_dir(self, local_dir: str | Path, key: str) -> dict:
-        source = Path(local_dir)
-        manifest = _describe_source(source)
-
+    def _put(self, source: Path, key: str, manifest: dict) -> None:
         def write(staging: Path) -> None:
             for rel in manifest["files"]:
                 (staging / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(source / rel, staging / rel)
 
-        return publish_dir(self._path(safe_key(key)), write, extra=_extra(manifest))
+        publish_dir(self._path(key), write, extra=_extra(manifest))
+
+    def _intact(self, key: str, manifest: dict) -> bool:
+        try:
+            verify_dir(self._path(key))
+        except CheckpointError:
+            return False
+        return True
 
     def list_dirs(self, key: str = "") -> list[str]:
         base = self._path(key)
@@ -255,10 +275,7 @@ class S3Storage(Storage):
     def uri(self, key: str = "") -> str:
         return f"s3://{self.bucket}/{self._object(key)}".rstrip("/")
 
-    def put_dir(self, local_dir: str | Path, key: str) -> dict:
-        key = safe_key(key)
-        source = Path(local_dir)
-        manifest = _describe_source(source)
+    def _put(self, source: Path, key: str, manifest: dict) -> None:
         # Invalidate the old directory first: while files are replaced, the prefix must not look complete.
         with self._errors("delete", f"{key}/{MANIFEST}"):
             self.client.delete_object(Bucket=self.bucket, Key=self._object(f"{key}/{MANIFEST}"))
@@ -268,7 +285,19 @@ class S3Storage(Storage):
         base = self._object(key) + "/"
         keep = {base + rel for rel in manifest["files"]} | {base + MANIFEST}
         self._delete_objects(key, [name for name in self._list_objects(key) if name not in keep])
-        return manifest
+
+    def _intact(self, key: str, manifest: dict) -> bool:
+        for rel, entry in manifest["files"].items():
+            with self._errors("check", f"{key}/{rel}"):
+                try:
+                    head = self.client.head_object(Bucket=self.bucket, Key=self._object(f"{key}/{rel}"))
+                except ClientError as exc:
+                    if _error_code(exc) in _MISSING:
+                        return False
+                    raise
+            if head["ContentLength"] != entry["size"] or head.get("Metadata", {}).get("sha256") != entry["sha256"]:
+                return False
+        return True
 
     def list_dirs(self, key: str = "") -> list[str]:
         base = self._object(key) + "/" if self._object(key) else ""
@@ -364,14 +393,28 @@ class S3Storage(Storage):
                     f"credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY) and that bucket {self.bucket!r} "
                     "exists and is reachable."
                 )
-            raise StorageError(f"S3 {action} of {self.uri(key)} failed ({code}): {hint}") from exc
+            attempts = (self.client.meta.config.retries or {}).get("total_max_attempts")
+            tried = f" after {attempts} attempts" if attempts else ""
+            raise StorageError(f"S3 {action} of {self.uri(key)} failed{tried} ({code}): {hint}") from exc
 
 
 def _default_client():
-    """An S3 client from the standard AWS environment and config files, with bounded retries and timeouts."""
+    """An S3 client from the standard AWS environment and config files, with bounded retries and timeouts.
+
+    botocore retries throttling (503 SlowDown), 5xx replies and dropped connections with jittered
+    exponential backoff; ``AWS_MAX_ATTEMPTS`` and ``AWS_RETRY_MODE`` override the 5 attempts (the
+    first try included) in standard mode.
+    """
+    endpoint = urlsplit(os.environ.get("AWS_ENDPOINT_URL", ""))
+    if endpoint.username or endpoint.password:
+        raise ValueError("AWS_ENDPOINT_URL must not carry credentials (user:password@host): S3 ignores them and they "
+                         "would end up in errors and logs; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY instead.")
     session = boto3.session.Session()
+    attempts = os.environ.get("AWS_MAX_ATTEMPTS", "5")
+    if not attempts.isdigit() or int(attempts) < 1:
+        raise ValueError(f"AWS_MAX_ATTEMPTS={attempts!r} must be a positive integer (the attempts per S3 request).")
     config = Config(
-        retries={"max_attempts": 5, "mode": "standard"},
+        retries={"total_max_attempts": int(attempts), "mode": os.environ.get("AWS_RETRY_MODE", "standard")},
         s3={"addressing_style": "path"},
         connect_timeout=5,
         read_timeout=60,
@@ -380,10 +423,17 @@ def _default_client():
 
 
 def _error_code(exc: BaseException) -> str:
-    """The S3 error code of a ClientError, else the exception's class name; never its (possibly verbose) text."""
-    if isinstance(exc, ClientError):
-        return str(exc.response.get("Error", {}).get("Code", "unknown"))
-    return type(exc).__name__
+    """The S3 error code of a ClientError (also when boto3 wrapped it, as upload_file does), else the
+    botocore (or innermost) exception's class name; never its (possibly verbose) text."""
+    chain = [exc]
+    while chain[-1].__cause__ or chain[-1].__context__:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    for error in chain:
+        if isinstance(error, ClientError):
+            return str(error.response.get("Error", {}).get("Code", "unknown"))
+        if isinstance(error, BotoCoreError):
+            return type(error).__name__
+    return type(chain[-1]).__name__
 
 
 def _extra(manifest: dict) -> dict:

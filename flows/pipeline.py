@@ -16,7 +16,7 @@ from prefect.artifacts import (
 )
 
 from tasks.spec import RunSpec
-from tasks.stages import export_models, plan_stages, resolve_entities, run_stage
+from tasks.stages import export_models, plan_stages, resolve_entities, run_stage, still_stored
 
 
 @flow(name="comlrl-train", log_prints=True)
@@ -30,10 +30,20 @@ def train_pipeline(spec: RunSpec) -> dict:
     progress = create_progress_artifact(progress=0.0, key="comlrl-stages", description="Completed stages (%)")
     checkpoint = None
     for done, stage in enumerate(stages, start=1):
-        checkpoint = run_stage(spec, stage, checkpoint, entities)
+        checkpoint = _stored(run_stage, spec, stage, checkpoint, entities)
         update_progress_artifact(progress, progress=100.0 * done / len(stages))
-    result = export_models(spec, checkpoint, entities)
+    result = _stored(export_models, spec, checkpoint, entities)
     _publish_summary(spec, stages, checkpoint, result)
+    return result
+
+
+def _stored(stage_task, spec: RunSpec, *args) -> dict:
+    """Run a cached task; when its cached result names a directory since deleted from storage (say, a
+    corrupt one the user removed), compute it again instead of failing downstream."""
+    result = stage_task(spec, *args)
+    if not still_stored(spec, result):
+        get_run_logger().warning("%s is gone from storage; running %s again.", result["uri"], stage_task.name)
+        result = stage_task.with_options(refresh_cache=True)(spec, *args)
     return result
 
 

@@ -31,12 +31,12 @@ BUILTIN_DATASETS = {"length_ratio": length_ratio_dataset}
 
 def load_reference(reference: str, field: str) -> Any:
     """Import ``"package.module:attribute"``; the error names the spec field and the fix."""
-    if not isinstance(reference, str) or reference.count(":") != 1:
+    if not isinstance(reference, str) or reference.count(":") != 1 or not all(reference.split(":")):
         raise ValueError(f"{field}={reference!r} must be an import string 'package.module:function'.")
     module_name, attribute = reference.split(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except Exception as exc:  # importing runs the module's code: whatever it raises is this reference's fault
         raise ValueError(f"{field}={reference!r}: cannot import module {module_name!r} ({exc}).") from exc
     try:
         value = getattr(module, attribute)
@@ -53,13 +53,13 @@ class DatasetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     builtin: Literal["length_ratio"] | None = None
-    size: int = Field(6, ge=1)
-    offset: int = Field(0, ge=0)
+    size: int = Field(6, ge=1, strict=True)  # strict: true or "6" is a mistake, not a count
+    offset: int = Field(0, ge=0, strict=True)
     file: str | None = None
     path: str | None = None
     name: str | None = None
     split: str = "train"
-    limit: int | None = Field(None, ge=1)
+    limit: int | None = Field(None, ge=1, strict=True)
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetSpec:
@@ -95,7 +95,7 @@ class RunSpec(BaseModel):
     algorithm: Literal["magrpo", "iac", "maac", "marlhf", "marlhf_iter"] = "magrpo"
     agent_model: str | None = None
     agents: list[str] | None = None
-    num_agents: int | None = Field(None, ge=1)
+    num_agents: int | None = Field(None, ge=1, strict=True)
     tokenizers: list[str] | None = None
     critic_model: str | None = None
     critics: list[str] | None = None
@@ -107,8 +107,8 @@ class RunSpec(BaseModel):
     reward_processor: str | None = None
     formatters: str | list[str] | None = None
     external_transition: str | None = None
-    stage_epochs: int = Field(1, ge=1)
-    checkpoint_steps: int | None = Field(None, ge=1)
+    stage_epochs: int = Field(1, ge=1, strict=True)
+    checkpoint_steps: int | None = Field(None, ge=1, strict=True)
     storage: str = "./comlrl-runs"
     init_from: str | None = None
     wandb: dict[str, Any] | None = None
@@ -133,6 +133,9 @@ class RunSpec(BaseModel):
         if self.agent_model is None and self.agents is None:
             raise ValueError("give agent_model (one id or directory for every agent) or agents (one per agent); "
                              "with init_from they are the starting point until a first export exists.")
+        if self.algorithm == "magrpo" and (self.critic_model is not None or self.critics is not None):
+            # build_trainer would drop them silently: MAGRPOTrainer takes no critic.
+            raise ValueError("critic_model and critics must be unset for algorithm='magrpo', which has no critic.")
         if self.init_from not in (None, "latest"):
             from comlrl_core.storage import safe_key
 
@@ -188,6 +191,7 @@ class RunSpec(BaseModel):
         """The spec's tokenizers (ids or directories), or None to let the trainer load them."""
         if self.tokenizers is None:
             return None
-        from transformers import AutoTokenizer
+        from comlrl_core.entities.tokenizers import load_tokenizer
 
-        return [AutoTokenizer.from_pretrained(t) for t in self.tokenizers]
+        trust = (self.model_options or {}).get("trust_remote_code") is True
+        return [load_tokenizer(t, f"tokenizers[{i}]", trust) for i, t in enumerate(self.tokenizers)]

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import tempfile
 import uuid
 from pathlib import Path
@@ -24,7 +25,7 @@ from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 from comlrl_core.checkpoint import CheckpointError, sha256_file
 from comlrl_core.plots import plot_history
 from comlrl_core.storage import StorageError, open_storage
-from comlrl_core.trainers.checkpointing import checkpoint_sequence, latest_checkpoint
+from comlrl_core.trainers.checkpointing import checkpoint_sequence, latest_checkpoint, list_checkpoints
 from comlrl_core.trainers.data import dataset_fingerprint
 
 from .spec import ALGORITHMS, RunSpec
@@ -54,11 +55,20 @@ def _ref(storage, key: str) -> dict:
 
 def _fetch(storage, ref: dict, into: Path) -> Path:
     """Download a referenced directory, refusing (and removing) one whose content is not what was referenced."""
-    if _digest(storage.get_dir(ref["key"], into)) != ref["digest"]:
+    fix = f"delete {ref['uri']} and re-run the flow: the stage that wrote it runs again"
+    try:
+        manifest = storage.get_dir(ref["key"], into)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{exc} To recover, {fix}.") from None
+    if _digest(manifest) != ref["digest"]:
         shutil.rmtree(into)
-        raise CheckpointError(f"{ref['uri']} changed after it was produced (manifest digest differs); "
-                              "re-run the flow so the stage that wrote it runs again.")
+        raise CheckpointError(f"{ref['uri']} changed after it was produced (manifest digest differs); {fix}.")
     return into
+
+
+def still_stored(spec: RunSpec, ref: dict) -> bool:
+    """Whether a (possibly cached) stage result still names a complete directory in storage."""
+    return open_storage(spec.storage).exists(ref["key"])
 
 
 def plan_stages(spec: RunSpec) -> list[dict]:
@@ -100,10 +110,23 @@ def _initial_export(spec: RunSpec, storage) -> dict | None:
         pointer = storage.get_text(f"{spec.name}/LATEST")
         if pointer is None:
             return None  # the first run of a retraining schedule starts from agent_model/agents
-        return json.loads(pointer)
+        return _ref(storage, _pointed_export(storage, f"{spec.name}/LATEST", pointer))
     if not storage.exists(spec.init_from):
         raise ValueError(f"init_from={spec.init_from!r}: no complete export there in {spec.storage}.")
     return _ref(storage, spec.init_from)
+
+
+def _pointed_export(storage, pointer_key: str, text: str) -> str:
+    """The export key a ``LATEST`` pointer names, checked: its digest (which names a local cache
+    directory) is recomputed from the export itself, never taken from the pointer."""
+    try:
+        key = json.loads(text)["key"]
+        if storage.exists(key):
+            return key
+    except (ValueError, TypeError, KeyError):  # not JSON, not an object, no key, or an unsafe key
+        pass
+    raise ValueError(f"{storage.uri(pointer_key)} does not name a complete export: it is corrupt or was "
+                     "tampered with; delete it (the next run starts from agent_model/agents) or rewrite it.")
 
 
 def initial_agents(spec: RunSpec, init: dict | None) -> list[str] | None:
@@ -138,24 +161,54 @@ def resolve_entities(spec: RunSpec) -> dict:
 
 
 def _work_dir() -> tempfile.TemporaryDirectory:
-    return tempfile.TemporaryDirectory(prefix="comlrl-stage-", dir=os.environ.get("COMLRL_WORK_DIR"))
+    """Scratch space for one stage, named by host and pid so a later stage can remove what a killed
+    process (SIGKILL, the OOM killer) left behind instead of filling the disk run after run."""
+    root = Path(os.environ.get("COMLRL_WORK_DIR") or tempfile.gettempdir())
+    host = "".join(c if c.isalnum() else "_" for c in socket.gethostname())
+    for stale in root.glob(f"comlrl-stage-{host}-*-*"):
+        pid = stale.name[len(f"comlrl-stage-{host}-"):].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    return tempfile.TemporaryDirectory(prefix=f"comlrl-stage-{host}-{os.getpid()}-", dir=root)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _owner() -> str:
-    """Who writes: the flow run (a retry of it continues its own files), else a fresh id."""
+    """Who writes: this attempt of the flow run (a retry, even one racing a stalled original, writes
+    beside it, never into the same files), else a fresh id."""
     from prefect.runtime import flow_run
 
-    return str(flow_run.id or uuid.uuid4().hex)
+    if flow_run.id is None:
+        return uuid.uuid4().hex
+    return f"{flow_run.id}-{flow_run.run_count}"
 
 
 def _latest_partial(storage, key: str, into: Path) -> Path | None:
-    """Download the newest complete checkpoint any run of this stage uploaded before it stopped."""
+    """Download the newest valid checkpoint any run of this stage uploaded before it stopped.
+
+    Incomplete uploads (no manifest) are skipped; a corrupt one is skipped with a warning naming it,
+    so a resume falls back to the newest checkpoint that verifies.
+    """
     found = [(checkpoint_sequence(Path(name)), f"{owner}/{name}") for owner in storage.list_dirs(key)
              for name in storage.list_dirs(f"{key}/{owner}") if checkpoint_sequence(Path(name)) is not None]
     for _, rel in sorted(found, reverse=True):
-        if storage.exists(f"{key}/{rel}"):
+        if not storage.exists(f"{key}/{rel}"):
+            continue
+        try:
             storage.get_dir(f"{key}/{rel}", into / Path(rel).name)
-            return into / Path(rel).name
+        except CheckpointError as exc:
+            get_run_logger().warning("Skipping checkpoint %s: %s", storage.uri(f"{key}/{rel}"), exc)
+            continue
+        return into / Path(rel).name
     return None
 
 
@@ -208,7 +261,10 @@ def run_stage(spec: RunSpec, stage: dict, previous: dict | None, entities: dict)
 
         trainer.train(resume_from_checkpoint=resume, checkpoint_dir=checkpoints,
                       checkpoint_steps=spec.checkpoint_steps, on_checkpoint=upload, **stop)
-        storage.put_dir(latest_checkpoint(checkpoints), f"{stage_key}/final-{owner}")
+        # Resumed from a checkpoint at the stage's boundary (killed while publishing the final one)
+        # leaves nothing to train: that checkpoint is the final one.
+        final = latest_checkpoint(checkpoints) if list_checkpoints(checkpoints) else resume
+        storage.put_dir(final, f"{stage_key}/final-{owner}")
     logger.info("Stage %s complete: %s", stage_key, storage.uri(f"{stage_key}/final-{owner}"))
     return _ref(storage, f"{stage_key}/final-{owner}")
 

@@ -24,6 +24,8 @@ from flows.pipeline import train_pipeline
 from tasks.spec import RunSpec
 from tasks.stages import plan_stages
 
+from helpers import exported_weights, s3_server, same_weights, spec_for
+
 TESTS = Path(__file__).parent
 
 
@@ -31,24 +33,6 @@ TESTS = Path(__file__).parent
 def prefect_api():
     with prefect_test_harness(server_startup_timeout=90):
         yield
-
-
-def spec_for(tiny_models, tmp_path, algorithm="magrpo", **changes):
-    spec = demo_spec(algorithm, {k: Path(v) for k, v in tiny_models.items()}, str(tmp_path / "runs"))
-    spec["config"].update(num_train_epochs=2, max_new_tokens=6, eval_interval=0)
-    spec["config"].update(changes.pop("config", {}))
-    spec["stage_epochs"] = 1
-    spec.update(changes)
-    return RunSpec(**spec)
-
-
-def exported_weights(result: dict) -> dict:
-    local = Path(result["uri"])
-    return {p.relative_to(local).as_posix(): load_file(p) for p in sorted(local.rglob("model.safetensors"))}
-
-
-def same_weights(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[f][k], b[f][k]) for f in a for k in a[f])
 
 
 async def _task_states(flow_run_id) -> dict[str, str]:
@@ -235,18 +219,7 @@ def test_changed_model_weights_recompute_every_stage(tiny_models, tmp_path):
 # ---- S3 and the CLI ------------------------------------------------------------------------------------
 
 def test_export_to_s3_round_trip(tiny_models, tmp_path, monkeypatch):
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        for key, value in {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-            monkeypatch.setenv(key, value)
-        import boto3
-
-        boto3.client("s3").create_bucket(Bucket="comlrl-test")
+    with s3_server(monkeypatch, "comlrl-test"):
         spec = spec_for(tiny_models, tmp_path, storage="s3://comlrl-test/runs")
         result = train_pipeline(spec)
         assert result["uri"].startswith("s3://comlrl-test/runs/")
@@ -254,8 +227,6 @@ def test_export_to_s3_round_trip(tiny_models, tmp_path, monkeypatch):
         storage.get_dir(result["key"], tmp_path / "downloaded")
         model = AutoModelForCausalLM.from_pretrained(tmp_path / "downloaded" / "agent_0")
         assert model.config.model_type == "qwen2"
-    finally:
-        server.stop()
 
 
 def test_cli_reports_a_bad_spec_before_loading_anything(tmp_path, capsys):

@@ -8,6 +8,9 @@ sees either the previous complete directory or the new complete one, never a hal
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import functools
 import hashlib
 import json
 import os
@@ -67,10 +70,27 @@ def publish_dir(target: str | Path, write: Callable[[Path], None], *, extra: dic
         for directory in _directories(staging):
             _fsync_dir(directory)
         _swap_into_place(staging, target)
-    except BaseException:
+    except BaseException as exc:
+        full = isinstance(exc, Exception) and _out_of_space(exc, parent)
         shutil.rmtree(staging, ignore_errors=True)
+        if full:
+            raise OSError(errno.ENOSPC, f"no space left on the device holding {target} while writing it ({exc}); "
+                          "free some space or write elsewhere. Nothing was published; earlier checkpoints and "
+                          "exports there are untouched.") from exc
         raise
     return manifest
+
+
+def _out_of_space(exc: Exception, directory: Path) -> bool:
+    """Whether a failed write ran out of disk. torch.save and safetensors do not raise ENOSPC as such
+    (torch reports "unexpected pos ..."), so a filesystem left with under 1 MiB free counts too."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        stat = os.statvfs(directory)
+    except OSError:
+        return False
+    return stat.f_bavail * stat.f_frsize < _CHUNK
 
 
 def verify_dir(path: str | Path) -> dict:
@@ -170,10 +190,16 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _swap_into_place(staging: Path, target: Path) -> None:
-    """Rename ``staging`` to ``target``; an existing target is set aside first and deleted only after."""
+    """Rename ``staging`` to ``target``. An existing target is exchanged with it in one atomic step
+    (Linux ``renameat2``), so ``target`` never goes missing, and the old copy is deleted after.
+    Where the kernel or filesystem cannot exchange, the old one is renamed aside first."""
     if not os.path.lexists(target):
         os.replace(staging, target)
         _fsync_dir(target.parent)
+        return
+    if _exchange(staging, target):
+        _fsync_dir(target.parent)
+        shutil.rmtree(staging)
         return
     old = target.parent / f".{target.name}.old-{secrets.token_hex(8)}"
     os.replace(target, old)
@@ -184,6 +210,28 @@ def _swap_into_place(staging: Path, target: Path) -> None:
         raise
     _fsync_dir(target.parent)
     shutil.rmtree(old)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two existing paths; ``False`` where ``renameat2(RENAME_EXCHANGE)`` is unavailable."""
+    renameat2 = getattr(_libc(), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+@functools.cache
+def _libc():
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
 
 
 def _listed_files(manifest, manifest_path: Path) -> dict:

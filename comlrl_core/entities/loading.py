@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
@@ -38,9 +40,17 @@ def check_model_config(model_config: dict | None) -> dict:
     for key in ("model_kwargs", "critic_model_kwargs", "reward_model_kwargs"):
         if model_config.get(key) is not None and not isinstance(model_config[key], dict):
             raise TypeError(f"model_config[{key!r}] must be a dict of from_pretrained keyword arguments.")
+    flags = [("model_config['trust_remote_code']", model_config.get("trust_remote_code", False))]
+    for key in ("model_kwargs", "critic_model_kwargs", "reward_model_kwargs"):
+        flags.append((f"model_config[{key!r}]['trust_remote_code']",
+                      (model_config.get(key) or {}).get("trust_remote_code", False)))
+    for label, flag in flags:
+        if not isinstance(flag, bool):  # a string such as "false" would otherwise count as consent
+            raise TypeError(f"{label}={flag!r} must be True or False: it is the explicit opt-in to run a model's code.")
     for key in ("torch_dtype", "dtype"):
-        if isinstance(model_config.get(key), str) and model_config[key] not in _DTYPES:
-            raise ValueError(f"model_config[{key!r}]={model_config[key]!r}; use one of {sorted(_DTYPES)}.")
+        value = model_config.get(key)
+        if not (value is None or isinstance(value, torch.dtype) or (isinstance(value, str) and value in _DTYPES)):
+            raise ValueError(f"model_config[{key!r}]={value!r}; use a torch.dtype or one of {sorted(_DTYPES)}.")
     hidden = model_config.get("critic_value_head_hidden_dim")
     if hidden is not None and (isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1):
         raise ValueError("model_config['critic_value_head_hidden_dim'] must be a positive integer or None.")
@@ -79,6 +89,10 @@ def load_models(sources: list[Source], kwargs: dict, label: str) -> list[nn.Modu
             model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
         except (OSError, ValueError) as exc:
             raise type(exc)(f"{label}[{i}]: could not load model {source!r}: {exc}") from exc
+        except SafetensorError as exc:  # safetensors names neither the file nor the fix
+            files = sorted(str(p) for p in Path(source).expanduser().glob("*.safetensors")) or [source]
+            raise ValueError(f"{label}[{i}]: the weights of model {source!r} are corrupt or truncated "
+                             f"({', '.join(files)}: {exc}); save or download the model again.") from exc
         loaded[source] = model
         models.append(model)
     return models
@@ -127,7 +141,7 @@ def load_critics(plan, devices: list[torch.device], *, value_head_hidden_dim: in
 def load_reward_model(plan, device: torch.device, *, freeze_backbone: bool) -> tuple[JointRewardModel, PreTrainedTokenizerBase]:
     """The joint reward model on its own tokenizer, on ``plan.reward_model_device`` or ``device``."""
     source = plan.reward_model_source
-    tokenizer = load_tokenizer(source)
+    tokenizer = load_tokenizer(source, trust_remote_code=plan.model_config.get("trust_remote_code") is True)
     backbone = load_models([source], from_pretrained_kwargs(plan.model_config, "reward_model_kwargs"),
                            "reward_model")[0]
     apply_tokenizer_specials(tokenizer, backbone)

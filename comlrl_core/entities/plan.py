@@ -134,13 +134,17 @@ def plan_entities(
         reward_source = check_source(reward_source, f"{config_name}.reward_model_name")
         reward_device = resolve_device(reward_model_device, f"{config_name}.reward_model_device")
 
+    trust = model_config.get("trust_remote_code") is True  # configs and tokenizers follow the models' opt-in
     tokenizers = resolve_tokenizers(tokenizer, agent_sources, agent_model=agent_model,
-                                    agents_given=agents is not None, family=family, owner=owner)
+                                    agents_given=agents is not None, family=family, owner=owner,
+                                    trust_remote_code=trust)
     for i, (tok, source) in enumerate(zip(tokenizers, agent_sources)):
-        check_vocab_compatible(tok, source, role=f"agent {i}", tokenizer_label=f"tokenizer {i}")
+        check_vocab_compatible(tok, source, role=f"agent {i}", tokenizer_label=f"tokenizer {i}",
+                               trust_remote_code=trust)
     for i, source in enumerate(critic_sources):
         # A MAAC critic reads the joint input encoded with agent 0's tokenizer.
-        check_vocab_compatible(tokenizers[i], source, role=f"critic {i}", tokenizer_label=f"agent {i}'s tokenizer")
+        check_vocab_compatible(tokenizers[i], source, role=f"critic {i}", tokenizer_label=f"agent {i}'s tokenizer",
+                               trust_remote_code=trust)
     return EntityPlan(owner=owner, num_agents=count, agent_sources=agent_sources, tokenizers=tokenizers,
                       critic_layout=critic_layout, critic_sources=critic_sources,
                       reward_model_source=reward_source, reward_model_device=reward_device,

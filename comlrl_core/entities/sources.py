@@ -29,22 +29,29 @@ def _looks_like_path(text: str) -> bool:
     return text.startswith(("/", ".", "~")) or text.count("/") >= 2 or os.path.exists(text)
 
 
+def local_dir(source: str, label: str) -> Path | None:
+    """The directory a path-shaped source names (None for a hub id); a missing one fails naming ``label``."""
+    if not source.strip():
+        raise ValueError(f"{label} is an empty string; pass a Hugging Face model id or a local directory.")
+    if not _looks_like_path(source):
+        return None
+    path = Path(source).expanduser()
+    if not path.is_dir():
+        raise ValueError(f"{label}={source!r}: local directory does not exist; check the path.")
+    return path
+
+
 def check_source(source: object, label: str) -> Source:
     """A usable source, or a clear error: ids are strings, directories exist and hold a config.json."""
     if isinstance(source, os.PathLike):
         source = os.fspath(source)
     if isinstance(source, str):
-        if not source.strip():
-            raise ValueError(f"{label} is an empty string; pass a Hugging Face model id or a local directory.")
-        if _looks_like_path(source):
-            path = Path(source).expanduser()
-            if not path.is_dir():
-                raise ValueError(f"{label}={source!r}: local directory does not exist; check the path.")
-            if not (path / "config.json").is_file():
-                raise ValueError(
-                    f"{label}={source!r}: directory has no config.json, so it is not a saved Hugging Face model "
-                    "(save one with model.save_pretrained(dir))."
-                )
+        path = local_dir(source, label)
+        if path is not None and not (path / "config.json").is_file():
+            raise ValueError(
+                f"{label}={source!r}: directory has no config.json, so it is not a saved Hugging Face model "
+                "(save one with model.save_pretrained(dir))."
+            )
         return source
     if is_model_object(source):
         return source
@@ -148,10 +155,23 @@ def check_distinct_objects(groups: list[tuple[str, list[Source]]], allow_shared:
             seen[id(source)] = where
 
 
-def vocab_size(source: Source) -> int:
-    """Rows of the input embedding: from the config for ids/dirs (no weights), from the module for objects."""
+def vocab_size(source: Source, trust_remote_code: bool = False) -> int:
+    """Rows of the input embedding: from the config for ids/dirs (no weights), from the module for objects.
+
+    ``trust_remote_code`` is always passed: left unset, transformers would ask on stdin whether to run
+    the model's code instead of refusing it.
+    """
     if isinstance(source, str):
-        config = AutoConfig.from_pretrained(source)
+        try:
+            config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        except ValueError as exc:
+            if trust_remote_code or "trust_remote_code" not in str(exc):
+                raise
+            raise ValueError(
+                f"{source!r} ships its own Python code (auto_map in its config.json), which is never run unless you "
+                "opt in: set model_config['trust_remote_code']=True (model_options in a run spec) only if you "
+                "trust that code."
+            ) from None
         return int(config.get_text_config().vocab_size)
     model = source.model if isinstance(source, CausalLMWithValueHead) else source
     embeddings = model.get_input_embeddings()

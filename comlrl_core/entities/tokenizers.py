@@ -8,13 +8,22 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from ..models import CausalLMWithValueHead
-from .sources import Source, _as_list, is_model_object, same_name, source_name, vocab_size
+from .sources import Source, _as_list, is_model_object, local_dir, same_name, source_name, vocab_size
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+# Files that hold a vocabulary; tokenizer_config.json alone does not (AutoTokenizer then builds a near-empty one).
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.model", "spiece.model")
 
 
-def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
-    return ensure_pad_token(AutoTokenizer.from_pretrained(source), source)
+def load_tokenizer(source: str, label: str = "tokenizer", trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """A tokenizer from an id or directory; a directory without a vocabulary file is refused, since
+    ``AutoTokenizer`` would silently build a near-empty one from the configs alone."""
+    path = local_dir(source, label)
+    if path is not None and not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        raise ValueError(f"{label}={source!r}: directory holds no tokenizer vocabulary file (one of "
+                         f"{list(_TOKENIZER_FILES)}), so it is missing or incomplete; save the tokenizer there with "
+                         "tokenizer.save_pretrained(dir).")
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    return ensure_pad_token(tokenizer, f"{label}={source!r}")
 
 
 def ensure_pad_token(tokenizer: PreTrainedTokenizerBase, label: str = "tokenizer") -> PreTrainedTokenizerBase:
@@ -36,6 +45,7 @@ def resolve_tokenizers(
     agents_given: bool,
     family: str,
     owner: str,
+    trust_remote_code: bool = False,
 ) -> list[PreTrainedTokenizerBase]:
     """One tokenizer per agent, following the seed.
 
@@ -58,9 +68,10 @@ def resolve_tokenizers(
                     "tokenizer=<one shared tokenizer> or a list with one tokenizer per agent."
                 )
         loaded: dict[str, PreTrainedTokenizerBase] = {}
-        for source in sources:
+        for i, source in enumerate(sources):
             if source not in loaded:
-                loaded[source] = load_tokenizer(source)
+                loaded[source] = load_tokenizer(source, "agent_model" if not agents_given else f"agents[{i}]",
+                                                trust_remote_code)
         return [loaded[source] for source in sources]
     if isinstance(tokenizer, (list, tuple)):
         entries = _as_list(tokenizer, "tokenizer")
@@ -70,11 +81,12 @@ def resolve_tokenizers(
                 "per agent, in agent order, or a single shared tokenizer."
             )
         return [
-            load_tokenizer(entry) if isinstance(entry, (str, os.PathLike)) else ensure_pad_token(entry, f"tokenizer[{i}]")
+            load_tokenizer(os.fspath(entry), f"tokenizer[{i}]", trust_remote_code)
+            if isinstance(entry, (str, os.PathLike)) else ensure_pad_token(entry, f"tokenizer[{i}]")
             for i, entry in enumerate(entries)
         ]
     if isinstance(tokenizer, (str, os.PathLike)):
-        return [load_tokenizer(os.fspath(tokenizer))] * count
+        return [load_tokenizer(os.fspath(tokenizer), trust_remote_code=trust_remote_code)] * count
     return [ensure_pad_token(tokenizer)] * count
 
 
@@ -85,14 +97,15 @@ def _own_tokenizer_dir(source: Source) -> str | None:
     return None
 
 
-def check_vocab_compatible(tokenizer: PreTrainedTokenizerBase, source: Source, *, role: str, tokenizer_label: str) -> None:
+def check_vocab_compatible(tokenizer: PreTrainedTokenizerBase, source: Source, *, role: str, tokenizer_label: str,
+                           trust_remote_code: bool = False) -> None:
     """Refuse a tokenizer whose ids the model cannot embed, before a forward pass fails deep in torch.
 
     Two checks: every id the tokenizer can emit (vocabulary, added and special tokens) must be
     below the model's embedding size; and where the model's directory ships its own tokenizer,
     both vocabularies must map tokens to the same ids.
     """
-    rows = vocab_size(source)
+    rows = vocab_size(source, trust_remote_code)
     special_ids = [i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id) if i is not None]
     highest = max([len(tokenizer) - 1, *special_ids])
     if highest >= rows:
@@ -104,7 +117,7 @@ def check_vocab_compatible(tokenizer: PreTrainedTokenizerBase, source: Source, *
     own = _own_tokenizer_dir(source)
     if own is None or same_name(own, getattr(tokenizer, "name_or_path", "") or ""):
         return
-    if load_tokenizer(own).get_vocab() != tokenizer.get_vocab():
+    if load_tokenizer(own, trust_remote_code=trust_remote_code).get_vocab() != tokenizer.get_vocab():
         raise ValueError(
             f"{role} ({own}) was trained with a different vocabulary than {tokenizer_label}: the same ids mean "
             f"different tokens. Use a model that shares {tokenizer_label}'s tokenizer."

@@ -46,7 +46,7 @@ def check_float(config, field: str, *, low: float | None = None, high: float | N
 def check_choice(config, field: str, aliases: dict[str, str]) -> None:
     """Normalise a case-insensitive choice (with aliases) in place."""
     value = getattr(config, field)
-    key = value.lower() if isinstance(value, str) else value
+    key = value.lower() if isinstance(value, str) else None  # a list or dict must fail here, not as unhashable
     if key not in aliases:
         raise ValueError(f"{_name(config, field)} must be one of {sorted(set(aliases.values()))}, got {value!r}.")
     setattr(config, field, aliases[key])

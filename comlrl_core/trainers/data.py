@@ -24,8 +24,11 @@ def check_dataset(dataset: object, argument: str) -> None:
     if is_map_style(dataset):
         if len(dataset) == 0:
             raise ValueError(f"{argument} is empty.")
-        if not isinstance(dataset[0], dict):
-            raise TypeError(f"{argument}[0] must be a dict (e.g. {{'prompt': ...}}), got {type(dataset[0]).__name__}.")
+        # An in-memory list is checked whole (cheap); other datasets by their first row, without reading them all.
+        rows = dataset if isinstance(dataset, (list, tuple)) else [dataset[0]]
+        for i, item in enumerate(rows):
+            if not isinstance(item, dict):
+                raise TypeError(f"{argument}[{i}] must be a dict (e.g. {{'prompt': ...}}), got {type(item).__name__}.")
 
 
 def epoch_items(dataset: object, epoch: int, seed: int, shuffle: bool, start: int) -> Iterator[tuple[int, dict]]:

@@ -51,11 +51,7 @@ class MARLHFConfig(TrainerConfig):
     critic_value_head_hidden_dim: int | None = None
 
     def __post_init__(self) -> None:
-        key = self.rl_algorithm.lower() if isinstance(self.rl_algorithm, str) else self.rl_algorithm
-        if key not in RL_ALGORITHMS:
-            raise ValueError(f"{type(self).__name__}.rl_algorithm must be one of {sorted(RL_ALGORITHMS)}, "
-                             f"got {self.rl_algorithm!r}.")
-        self.rl_algorithm = key
+        check_choice(self, "rl_algorithm", {name: name for name in RL_ALGORITHMS})
         self.min_generations = 2 if self.backend == "magrpo" else 1
         super().__post_init__()
         if self.num_turns != 1:
