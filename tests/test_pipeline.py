@@ -16,7 +16,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from comlrl_core.environments import length_ratio_dataset
+from comlrl_core.checkpoint import verify_dir
 from comlrl_core.storage import open_storage
+from comlrl_core.utils import read_checkpoint_metadata
 from comlrl_core.tiny_models import build_tiny_models
 from flows.cli import demo_spec
 from flows.cli import main as cli_main
@@ -138,6 +140,27 @@ def test_a_flow_retry_resumes(tiny_models, tmp_path, faulty, uninterrupted):
     state = train_pipeline.with_options(retries=1, retry_delay_seconds=0)(spec, return_state=True)
     assert state.is_completed() and faulty.exists()
     assert same_weights(exported_weights(state.result()), uninterrupted)
+    writers = checkpoint_writers(open_storage(spec.storage), spec.run_key)
+    flow_run = str(state.state_details.flow_run_id)
+    stage1 = {key.split("/")[1] for key in writers if key.startswith("stage-01")}
+    assert stage1 == {f"{flow_run}-1", f"{flow_run}-2"}  # the retry never writes into the first attempt's files
+    assert len(exports_of(open_storage(spec.storage), spec.run_key)) == 1
+
+
+def checkpoint_writers(storage, run_key: str) -> dict[str, set[str]]:
+    """``{stage/owner: trainer run ids}`` of every partial checkpoint directory, each verified on the way."""
+    writers = {}
+    for stage in storage.list_dirs(run_key):
+        for owner in storage.list_dirs(f"{run_key}/{stage}/partial"):
+            for name in storage.list_dirs(f"{run_key}/{stage}/partial/{owner}"):
+                local = Path(storage.uri(f"{run_key}/{stage}/partial/{owner}/{name}"))
+                verify_dir(local)
+                writers.setdefault(f"{stage}/{owner}", set()).add(read_checkpoint_metadata(local)["run_id"])
+    return writers
+
+
+def exports_of(storage, run_key: str) -> list[str]:
+    return [d for d in storage.list_dirs(run_key) if d.startswith("export-") and not d.endswith("-report")]
 
 
 def test_a_killed_process_resumes_on_rerun(tiny_models, tmp_path, faulty, uninterrupted):
@@ -180,6 +203,10 @@ def test_two_runs_of_one_spec_at_once_do_not_collide(tiny_models, tmp_path):
     for i, export in enumerate(exports):  # each export is complete and intact
         storage.get_dir(str(Path(export).relative_to(storage.uri())), tmp_path / f"export-{i}")
     assert same_weights(exported_weights({"uri": exports[0]}), exported_weights({"uri": exports[1]}))
+    writers = checkpoint_writers(storage, spec.run_key)  # no interleaved writes: one trainer run per directory
+    assert writers and all(len(run_ids) == 1 for run_ids in writers.values())
+    assert sorted(exports_of(storage, spec.run_key)) == sorted({Path(e).name for e in exports})  # one per run
+    assert json.loads(storage.get_text(f"{spec.name}/LATEST"))["uri"] in exports
 
 
 def test_retraining_starts_from_the_latest_export_and_keeps_every_export(tiny_models, tmp_path, monkeypatch):
