@@ -81,6 +81,18 @@ TINY_MODELS = {
     )
 }
 
+# ~10M parameters: big enough that compute, not Python overhead, dominates a benchmark step. Built
+# only when named (``names=[...]``): the tests never need them.
+BENCH_MODELS = {
+    spec.name: spec
+    for spec in (
+        TinyModelSpec("qwen2-bench", "qwen2", "shared", 384, 6, 6, 2, 1024),
+        TinyModelSpec("llama-bench", "llama", "shared", 384, 6, 6, 2, 1024),
+    )
+}
+# A stable seed offset per model, so adding a model never changes another's weights.
+_SEED_INDEX = {name: i for i, name in enumerate([*sorted(TINY_MODELS), *sorted(BENCH_MODELS)])}
+
 _ARCHITECTURES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 
 
@@ -152,18 +164,19 @@ def build_tiny_models(out_dir: str | Path, seed: int = 0, names: list[str] | Non
     ``AutoTokenizer.from_pretrained`` and no network.
     """
     names = list(TINY_MODELS) if names is None else names
-    unknown = sorted(set(names) - set(TINY_MODELS))
+    known = {**TINY_MODELS, **BENCH_MODELS}
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        raise ValueError(f"names: unknown tiny models {unknown}; choose from {sorted(TINY_MODELS)}.")
+        raise ValueError(f"names: unknown tiny models {unknown}; choose from {sorted(known)}.")
     out_dir = Path(out_dir)
     tokenizers_built: dict[str, PreTrainedTokenizerFast] = {}
     written = {}
     for name in names:
-        spec = TINY_MODELS[name]
+        spec = known[name]
         if spec.tokenizer not in tokenizers_built:
             tokenizers_built[spec.tokenizer] = build_tokenizer(TOKENIZERS[spec.tokenizer], seed)
         tokenizer = tokenizers_built[spec.tokenizer]
-        model = build_model(spec, tokenizer, seed=seed * 1000 + sorted(TINY_MODELS).index(name))
+        model = build_model(spec, tokenizer, seed=seed * 1000 + _SEED_INDEX[name])
         target = out_dir / name
         model.save_pretrained(target)
         tokenizer.save_pretrained(target)

@@ -1,0 +1,1 @@
+"""Benchmarks: our trainers side by side with the public reference library, and the pipeline's overhead."""

@@ -1,0 +1,26 @@
+"""The benchmark harness runs a case end to end and reports every figure (no timing is asserted)."""
+
+import json
+
+from benchmarks.run import main, table
+
+
+def test_the_harness_runs_a_case_and_reports_its_figures(tmp_path, capsys):
+    assert main(["--cases", "magrpo-homogeneous", "--sizes", "tiny", "--out", str(tmp_path)]) == 0
+    [record] = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert "error" not in record, record
+    assert record["impl"] == "ours" and record["case"] == "magrpo-homogeneous/tiny" and record["items"] == 8
+    assert record["optimizer_steps"] == 8  # 2 agents, one step per 2 buffered prompts, 8 prompts
+    assert record["generated_tokens"] > 0 and 0 < record["generate_share"] < 1 and record["peak_rss_mb"] > 0
+    assert isinstance(record["eval_before"], float) and isinstance(record["eval_after"], float)
+    assert "| magrpo-homogeneous/tiny | ours |" in capsys.readouterr().out
+
+
+def test_the_table_compares_both_implementations():
+    figures = {"items": 8, "s_per_step": 0.1, "generate_tok_s": 100.0, "step_tok_s": 50.0, "generate_share": 0.5,
+               "optimizer_steps": 8, "peak_rss_mb": 400.0, "eval_before": 0.0, "eval_after": 0.1}
+    rows = [{"case": "c", "impl": "ours", **figures},
+            {"case": "c", "impl": "reference", **figures, "s_per_step": 0.3, "peak_rss_mb": 500.0},
+            {"case": "d", "impl": "reference", "error": "exit 1: boom"}]
+    text = table(rows)
+    assert "| c | 3.00× | 0.80 |" in text and "error: exit 1: boom" in text
