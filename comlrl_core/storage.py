@@ -194,12 +194,20 @@ class LocalStorage(Storage):
         return str(self._path(key))
 
     def _put(self, source: Path, key: str, manifest: dict) -> None:
-        def write(staging: Path) -> None:
-            for rel in manifest["files"]:
-                (staging / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source / rel, staging / rel)
+        # A published source (its manifest was just verified) is never written again: its files are
+        # hard-linked, keeping their checksums, where the filesystem allows; anything else is copied.
+        published = (source / MANIFEST).is_file()
+        linked = {}
 
-        publish_dir(self._path(key), write, extra=_extra(manifest))
+        def write(staging: Path) -> None:
+            for rel, entry in manifest["files"].items():
+                (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+                if published and _hard_link(source / rel, staging / rel):
+                    linked[rel] = entry
+                else:
+                    shutil.copyfile(source / rel, staging / rel)
+
+        publish_dir(self._path(key), write, extra=_extra(manifest), known=linked)
 
     def _intact(self, key: str, manifest: dict) -> bool:
         try:
@@ -396,6 +404,15 @@ class S3Storage(Storage):
             attempts = (self.client.meta.config.retries or {}).get("total_max_attempts")
             tried = f" after {attempts} attempts" if attempts else ""
             raise StorageError(f"S3 {action} of {self.uri(key)} failed{tried} ({code}): {hint}") from exc
+
+
+def _hard_link(source: Path, dest: Path) -> bool:
+    """Link ``dest`` to ``source``; ``False`` across filesystems or where links are not allowed."""
+    try:
+        os.link(source, dest)
+    except OSError:
+        return False
+    return True
 
 
 def _default_client():

@@ -279,3 +279,16 @@ def test_manifest_is_json_with_the_publish_dir_format(backend, tmp_path):
     manifest = storage.put_dir(make_dir(tmp_path / "src", {"w.bin": b"w"}), "d")
     assert json.loads(storage.get_text("d/manifest.json")) == manifest
     assert manifest == {"format": 1, "files": {"w.bin": {"sha256": sha256_file(tmp_path / "src/w.bin"), "size": 1}}}
+
+
+def test_local_storage_links_a_published_directory_and_copies_anything_else(tmp_path):
+    storage = LocalStorage(tmp_path / "store")
+    published = tmp_path / "checkpoint-1"
+    manifest = publish_dir(published, lambda staging: (staging / "w.bin").write_bytes(b"w" * 100))
+    assert storage.put_dir(published, "ck/checkpoint-1") == manifest
+    stored = tmp_path / "store" / "ck" / "checkpoint-1"
+    assert (stored / "w.bin").stat().st_ino == (published / "w.bin").stat().st_ino  # no copy, no re-hash
+    assert verify_dir(stored) == manifest
+    plain = make_dir(tmp_path / "plain", {"w.bin": b"w" * 100})  # mutable: its owner may write it again
+    storage.put_dir(plain, "ck/plain")
+    assert (tmp_path / "store" / "ck" / "plain" / "w.bin").stat().st_ino != (plain / "w.bin").stat().st_ino

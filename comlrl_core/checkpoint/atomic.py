@@ -45,12 +45,16 @@ def is_staging_name(name: str) -> bool:
     return _TEMP_NAME.fullmatch(name) is not None
 
 
-def publish_dir(target: str | Path, write: Callable[[Path], None], *, extra: dict | None = None) -> dict:
+def publish_dir(target: str | Path, write: Callable[[Path], None], *, extra: dict | None = None,
+                known: dict | None = None) -> dict:
     """Build a directory with ``write(staging)`` and publish it atomically as ``target``.
 
     Staging lives in ``target``'s parent so the final rename never crosses a filesystem. The
     manifest is written last, so a directory with a manifest was completely written. An existing
     ``target`` stays in place until the new one is complete on disk. Returns the manifest.
+
+    ``known`` (read after ``write`` returns) holds manifest entries the caller vouches for: files
+    ``write`` hard-linked from a directory it has just verified. Those are not hashed again.
     """
     target = Path(target)
     extra = dict(extra or {})
@@ -65,7 +69,7 @@ def publish_dir(target: str | Path, write: Callable[[Path], None], *, extra: dic
     staging.mkdir()
     try:
         write(staging)
-        manifest = {"format": MANIFEST_FORMAT, "files": _describe(staging), **extra}
+        manifest = {"format": MANIFEST_FORMAT, "files": _describe(staging, known or {}), **extra}
         _write_manifest(staging / MANIFEST, manifest)
         for directory in _directories(staging):
             _fsync_dir(directory)
@@ -151,8 +155,9 @@ def _walk(root: Path) -> tuple[list[str], list[str]]:
     return sorted(files), sorted(others)
 
 
-def _describe(staging: Path) -> dict:
-    """Manifest entries for everything ``write`` produced, each file fsynced as it is hashed."""
+def _describe(staging: Path, known: dict) -> dict:
+    """Manifest entries for everything ``write`` produced, each file fsynced as it is hashed (or, for
+    a ``known`` file of the recorded size, taken from ``known``)."""
     files, others = _walk(staging)
     if others:
         raise CheckpointError(
@@ -164,7 +169,9 @@ def _describe(staging: Path) -> dict:
     for rel in files:
         with open(staging / rel, "rb") as f:
             os.fsync(f.fileno())
-            entries[rel] = {"sha256": _hash(f), "size": os.fstat(f.fileno()).st_size}
+            size = os.fstat(f.fileno()).st_size
+            entries[rel] = dict(known[rel]) if rel in known and known[rel]["size"] == size else \
+                {"sha256": _hash(f), "size": size}
     return entries
 
 
