@@ -191,7 +191,8 @@ class RunSpec(BaseModel):
         """The spec's tokenizers (ids or directories), or None to let the trainer load them."""
         if self.tokenizers is None:
             return None
+        from comlrl_core.entities.loading import trusts_remote_code
         from comlrl_core.entities.tokenizers import load_tokenizer
 
-        trust = (self.model_options or {}).get("trust_remote_code") is True
+        trust = trusts_remote_code(self.model_options)
         return [load_tokenizer(t, f"tokenizers[{i}]", trust) for i, t in enumerate(self.tokenizers)]

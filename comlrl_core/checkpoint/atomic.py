@@ -170,8 +170,10 @@ def _describe(staging: Path, known: dict) -> dict:
         with open(staging / rel, "rb") as f:
             os.fsync(f.fileno())
             size = os.fstat(f.fileno()).st_size
-            entries[rel] = dict(known[rel]) if rel in known and known[rel]["size"] == size else \
-                {"sha256": _hash(f), "size": size}
+            if rel in known and known[rel]["size"] == size:
+                entries[rel] = dict(known[rel])
+            else:
+                entries[rel] = {"sha256": _hash(f), "size": size}
     return entries
 
 

@@ -74,6 +74,11 @@ def from_pretrained_kwargs(model_config: dict, section: str) -> dict:
     return kwargs
 
 
+def trusts_remote_code(model_config: dict | None) -> bool:
+    """The explicit opt-in to run a model's own code; configs and tokenizers follow the models' choice."""
+    return (model_config or {}).get("trust_remote_code") is True
+
+
 def load_models(sources: list[Source], kwargs: dict, label: str) -> list[nn.Module]:
     """Load each string source; a repeated id/dir is read once and deep-copied (independent weights)."""
     loaded: dict[str, nn.Module] = {}
@@ -141,7 +146,7 @@ def load_critics(plan, devices: list[torch.device], *, value_head_hidden_dim: in
 def load_reward_model(plan, device: torch.device, *, freeze_backbone: bool) -> tuple[JointRewardModel, PreTrainedTokenizerBase]:
     """The joint reward model on its own tokenizer, on ``plan.reward_model_device`` or ``device``."""
     source = plan.reward_model_source
-    tokenizer = load_tokenizer(source, trust_remote_code=plan.model_config.get("trust_remote_code") is True)
+    tokenizer = load_tokenizer(source, trust_remote_code=trusts_remote_code(plan.model_config))
     backbone = load_models([source], from_pretrained_kwargs(plan.model_config, "reward_model_kwargs"),
                            "reward_model")[0]
     apply_tokenizer_specials(tokenizer, backbone)

@@ -12,7 +12,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..devices import resolve_device
-from .loading import check_model_config
+from .loading import check_model_config, trusts_remote_code
 from .sources import (
     Source,
     _as_list,
@@ -134,7 +134,7 @@ def plan_entities(
         reward_source = check_source(reward_source, f"{config_name}.reward_model_name")
         reward_device = resolve_device(reward_model_device, f"{config_name}.reward_model_device")
 
-    trust = model_config.get("trust_remote_code") is True  # configs and tokenizers follow the models' opt-in
+    trust = trusts_remote_code(model_config)
     tokenizers = resolve_tokenizers(tokenizer, agent_sources, agent_model=agent_model,
                                     agents_given=agents is not None, family=family, owner=owner,
                                     trust_remote_code=trust)
