@@ -17,16 +17,20 @@ from transformers.generation.utils import GenerationMixin
 
 
 class Meter:
-    """Counts time and new tokens inside every ``generate`` call, and every optimizer step."""
+    """Counts time and new tokens inside every sampling call, and every optimizer step.
 
-    def __init__(self):
+    The sampling function is ``owner.name(model, input_ids, ...)``: Hugging Face ``generate`` by
+    default; our runner names its own entry point, which uses ``generate`` only as a fallback.
+    """
+
+    def __init__(self, owner=GenerationMixin, name: str = "generate"):
         self.generate_seconds = 0.0
         self.generated_tokens = 0
         self.optimizer_steps = 0
-        self._install()
+        self._install(owner, name)
 
-    def _install(self) -> None:
-        original = GenerationMixin.generate
+    def _install(self, owner, name: str) -> None:
+        original = getattr(owner, name)
         meter = self
 
         @functools.wraps(original)
@@ -42,7 +46,7 @@ class Meter:
             meter.generated_tokens += int((new != pad).sum()) if pad is not None else new.numel()
             return out
 
-        GenerationMixin.generate = generate
+        setattr(owner, name, generate)
         register_optimizer_step_post_hook(self._count_step)
 
     def _count_step(self, *args) -> None:

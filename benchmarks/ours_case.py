@@ -14,6 +14,7 @@ import sys
 import time
 
 from benchmarks.measure import Meter, result, setup
+from comlrl_core import rollout
 from comlrl_core.environments import length_ratio_dataset, length_ratio_reward
 from comlrl_core.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from comlrl_core.trainers.preference import MARLHFConfig, MARLHFTrainer
@@ -61,7 +62,7 @@ def build(case: dict):
 # Where a step's time goes: label -> the functions (file suffix, name) whose cumulative time it is.
 # The first six do not overlap; the rest are parts of them.
 _PARTS = {
-    "generate": [("generation/utils.py", "generate")],
+    "generate": [("comlrl_core/rollout.py", "generate_ids")],
     "policy update": [("reinforce/magrpo.py", "_update"), ("actor_critic/base.py", "_update_actor")],
     "critic update": [("actor_critic/base.py", "_update_critic")],
     "reward-model fit": [("preference/marlhf.py", "fit_reward_model")],
@@ -92,7 +93,7 @@ def run(case: dict) -> dict:
     s = case["settings"]
     setup(s["threads"], s["seed"])
     trainer = build(case)
-    meter = Meter()
+    meter = Meter(rollout, "generate_ids")
     before = trainer.evaluate()["eval/turn_1/reward_mean"]
     meter.reset()
     profile = cProfile.Profile() if os.environ.get("BENCH_PROFILE") == "1" else None

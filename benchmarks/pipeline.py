@@ -1,8 +1,9 @@
 """Pipeline overhead: ``python -m benchmarks.pipeline [--size small] [--prompts N] [--epochs N]``.
 
 1. The same MAGRPO training called directly (``spec.build_trainer().train()``) and through the
-   Prefect flow (one training stage, checkpointed at each epoch's end, and the export), on an API
-   that is already running — what a deployment's worker sees.
+   Prefect flow (one training stage, checkpointed at each epoch's end, that also exports its trained
+   models, then the export task), on an API that is already running — what a deployment's worker
+   sees. The default ``--prompts`` makes the direct run about a minute on one CPU thread.
 2. The cost of a resume: the flow, now checkpointing every ``--checkpoint-steps`` steps, fails at
    its last step (the reward function raises once), then runs again. The re-run redoes the work
    since the last checkpoint; the rest of its time is the fixed cost of resuming (Prefect, loading
@@ -38,7 +39,7 @@ def _spec(models: dict, storage: str, prompts: int, epochs: int, reward: str, ch
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline", description=__doc__)
     parser.add_argument("--size", choices=["tiny", "small"], default="small")
-    parser.add_argument("--prompts", type=int, default=40, help="prompts per epoch (one training step each)")
+    parser.add_argument("--prompts", type=int, default=45, help="prompts per epoch (one training step each)")
     parser.add_argument("--epochs", type=int, default=2, help="epochs in the one training stage (each ends "
                         "with a checkpoint)")
     parser.add_argument("--checkpoint-steps", type=int, default=10,

@@ -100,4 +100,4 @@ def reference_python(root: Path) -> Path:
 
 
 if __name__ == "__main__":
-    print(reference_python(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1]))
+    print(reference_python(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / ".bench"))

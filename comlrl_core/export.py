@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,9 +46,20 @@ def export_models(output_dir: str | Path, entries: list[ExportEntry], info: dict
             target = staging / entry.path
             entry.model.save_pretrained(target)
             if entry.tokenizer is not None:
-                entry.tokenizer.save_pretrained(target)
+                _save_tokenizer(entry.tokenizer, target)
             for name, head in entry.heads.items():
                 torch.save(head.state_dict(), target / name)
 
     manifest = publish_dir(output_dir, write, extra={"export": json.loads(json.dumps(info, default=str))})
     return manifest
+
+
+def _save_tokenizer(tokenizer, target: Path) -> None:
+    """``save_pretrained`` without the truncation and padding an encoding call leaves on a fast tokenizer's
+    backend: an export does not depend on what its trainer last encoded."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and (backend.truncation is not None or backend.padding is not None):
+        tokenizer = copy.deepcopy(tokenizer)
+        tokenizer.backend_tokenizer.no_truncation()
+        tokenizer.backend_tokenizer.no_padding()
+    tokenizer.save_pretrained(target)

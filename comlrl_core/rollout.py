@@ -1,4 +1,4 @@
-"""Sampling and scoring completions: one batched ``generate`` per (agent, prompt), one batched forward for log-probs."""
+"""Sampling and scoring completions: one batched sampling call per (agent, prompt), one batched forward for log-probs."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
+
+from .decoding import lean_sample
 
 
 @dataclass
@@ -35,8 +37,19 @@ def eos_ids(tokenizer: PreTrainedTokenizerBase, model: nn.Module) -> set[int]:
     return {i for i in ids if i is not None}
 
 
+def generate_ids(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, k: int, generation: dict,
+                 pad_token_id: int | None) -> torch.Tensor:
+    """``k`` sampled sequences [k, P+T] of one prompt: the lean sampler where it reproduces
+    ``generate`` (Llama-style models, the trainer's sampling options), else ``generate`` itself."""
+    out = lean_sample(model, input_ids, k, generation, pad_token_id)
+    if out is None:
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_return_sequences=k,
+                             pad_token_id=pad_token_id, **generation)
+    return out
+
+
 def sample(model: nn.Module, tokenizer: PreTrainedTokenizerBase, prompt: str, k: int, generation: dict) -> Completions:
-    """All K completions of ``prompt`` in one ``generate`` call (KV cache on, no autograd)."""
+    """All K completions of ``prompt`` in one sampling call (KV cache on, no autograd)."""
     device = next(model.parameters()).device
     encoded = tokenizer(prompt, return_tensors="pt", truncation=True)
     if encoded.input_ids.shape[1] == 0:
@@ -44,13 +57,8 @@ def sample(model: nn.Module, tokenizer: PreTrainedTokenizerBase, prompt: str, k:
     was_training = model.training
     model.eval()
     with torch.inference_mode():
-        out = model.generate(
-            input_ids=encoded.input_ids.to(device),
-            attention_mask=encoded.attention_mask.to(device),
-            num_return_sequences=k,
-            pad_token_id=tokenizer.pad_token_id,
-            **generation,
-        )
+        out = generate_ids(model, encoded.input_ids.to(device), encoded.attention_mask.to(device), k, generation,
+                           tokenizer.pad_token_id)
     model.train(was_training)
     out = out.cpu().clone()  # outside inference mode: a normal tensor that autograd may save
     prompt_len = encoded.input_ids.shape[1]
@@ -60,33 +68,57 @@ def sample(model: nn.Module, tokenizer: PreTrainedTokenizerBase, prompt: str, k:
     return Completions(out[0, :prompt_len], completion_ids, mask, texts)
 
 
-def actor_inputs(prompt_ids: torch.Tensor, completion_ids: torch.Tensor, mask: torch.Tensor):
-    """``input_ids`` and ``attention_mask`` [K, P+T] for K completions of one prompt."""
-    k = completion_ids.shape[0]
-    input_ids = torch.cat([prompt_ids.expand(k, -1), completion_ids], dim=1)
-    attention = torch.cat([torch.ones(k, prompt_ids.shape[0], dtype=torch.long), mask.long()], dim=1)
-    return input_ids, attention
+@dataclass
+class ActorBatch:
+    """Prompt + completion rows, right-padded into one forward pass.
+
+    Right padding keeps every real token at the position it has alone, so each row's log-probs
+    equal those of its own forward; ``starts`` holds each row's prompt length.
+    """
+
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    starts: torch.Tensor  # [B]
+    completion_ids: torch.Tensor  # [B, T], zero-padded
+    mask: torch.Tensor  # [B, T] bool, False on padding
 
 
-def completion_logprobs(logits: torch.Tensor, prompt_len: int, completion_ids: torch.Tensor,
-                        mask: torch.Tensor) -> torch.Tensor:
-    """Per-token log-probs [K, T] of the completions from logits over prompt + completion; zero outside ``mask``."""
-    length = completion_ids.shape[1]
-    logits = logits[:, prompt_len - 1 : prompt_len - 1 + length].float()
-    picked = torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.to(logits.device).unsqueeze(-1)).squeeze(-1)
-    return picked * mask.to(logits.device)
+def actor_batch(rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> ActorBatch:
+    """One batch from ``(prompt_ids [P], completion_ids [T], mask [T])`` rows of any lengths."""
+    length = max(p.shape[0] + c.shape[0] for p, c, _ in rows)
+    width = max(c.shape[0] for _, c, _ in rows)
+    input_ids = torch.zeros(len(rows), length, dtype=torch.long)
+    attention = torch.zeros(len(rows), length, dtype=torch.long)
+    completion_ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for b, (prompt, completion, keep) in enumerate(rows):
+        p, t = prompt.shape[0], completion.shape[0]
+        input_ids[b, :p], input_ids[b, p:p + t] = prompt, completion
+        attention[b, :p], attention[b, p:p + t] = 1, keep.long()
+        completion_ids[b, :t], mask[b, :t] = completion, keep
+    starts = torch.tensor([p.shape[0] for p, _, _ in rows])
+    return ActorBatch(input_ids, attention, starts, completion_ids, mask)
+
+
+def completion_logprobs(logits: torch.Tensor, batch: ActorBatch) -> torch.Tensor:
+    """Per-token log-probs [B, T] of each row's completion from logits over the batch; zero outside ``mask``."""
+    device = logits.device
+    positions = (batch.starts[:, None] - 1 + torch.arange(batch.completion_ids.shape[1])).clamp_max(logits.shape[1] - 1)
+    picked_logits = logits.gather(1, positions.to(device)[..., None].expand(-1, -1, logits.shape[-1])).float()
+    picked = torch.log_softmax(picked_logits, dim=-1).gather(-1, batch.completion_ids.to(device)[..., None]).squeeze(-1)
+    return picked * batch.mask.to(device)
 
 
 def token_logprobs(model: nn.Module, prompt_ids: torch.Tensor, completion_ids: torch.Tensor,
                    mask: torch.Tensor) -> torch.Tensor:
-    """log pi(token | prefix) for each completion token, zero outside ``mask``: [K, T], one batched forward.
-
-    Gradients flow when called outside ``inference_mode``/``no_grad``.
+    """log pi(token | prefix) for each of K completions of one prompt, zero outside ``mask``: [K, T],
+    one batched forward. Gradients flow when called outside ``inference_mode``/``no_grad``.
     """
     device = next(model.parameters()).device
-    input_ids, attention = actor_inputs(prompt_ids, completion_ids, mask)
-    logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device), use_cache=False).logits
-    return completion_logprobs(logits, prompt_ids.shape[0], completion_ids, mask)
+    batch = actor_batch([(prompt_ids, c, m) for c, m in zip(completion_ids, mask)])
+    logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
+                   use_cache=False).logits
+    return completion_logprobs(logits, batch)
 
 
 def sequence_logprobs(model: nn.Module, prompt_ids: torch.Tensor, completion_ids: torch.Tensor,

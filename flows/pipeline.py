@@ -1,4 +1,5 @@
-"""The training pipeline: resolve entities, then each stage to its checkpoint, then export.
+"""The training pipeline: resolve entities, then each stage to its checkpoint (the last one exports its
+trained models too), then the export task (the metrics, and ``LATEST`` moved to the export).
 
 Re-running a spec after a failure (a new flow run, a flow retry, or ``prefect flow-run retry``)
 skips the completed stages — they are cache hits — and the failed stage resumes from its last

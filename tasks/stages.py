@@ -5,7 +5,8 @@ boundary, publishes the checkpoint to the run's storage and returns ``{"key", "u
 Cache keys hash the spec, the stage and the *content* digests of the inputs (checkpoint manifests,
 entity fingerprints), so a changed upstream input always recomputes downstream. Checkpoints
 written inside a stage are uploaded as they appear, so a failed stage resumes from its last one,
-on this worker or another.
+on this worker or another. The last stage also publishes the export from its own trained trainer;
+the export task rebuilds it from the final checkpoint only when that did not happen.
 """
 
 from __future__ import annotations
@@ -234,7 +235,8 @@ def _stage_overrides(spec: RunSpec, stage: dict) -> tuple[dict, dict]:
       persist_result=True, retries=2,
       retry_delay_seconds=[2, 10], retry_condition_fn=_transient)
 def run_stage(spec: RunSpec, stage: dict, previous: dict | None, entities: dict) -> dict:
-    """Run one stage to its checkpoint boundary; returns the published checkpoint's reference."""
+    """Run one stage to its checkpoint boundary; returns the published checkpoint's reference. The last
+    stage, once it has trained, publishes the export too: its trainer already holds the final models."""
     logger = get_run_logger()
     storage = open_storage(spec.storage)
     # Keyed by the inputs' content, so changed weights or an upstream rerun never find stale checkpoints.
@@ -254,42 +256,81 @@ def run_stage(spec: RunSpec, stage: dict, previous: dict | None, entities: dict)
         overrides, stop = _stage_overrides(spec, stage)
         trainer = spec.build_trainer(initial_agents(spec, entities["init"]), **overrides)
         checkpoints = work / "checkpoints"
+        held = {}  # the history the newest checkpoint holds: the trainer may log an evaluation after it
 
         def upload(path: Path) -> None:
             storage.put_dir(path, f"{stage_key}/partial/{owner}/{path.name}")
+            held["history"] = list(trainer.history)
             logger.info("Checkpoint %s of stage %s uploaded.", path.name, stage_key)
 
         trainer.train(resume_from_checkpoint=resume, checkpoint_dir=checkpoints,
                       checkpoint_steps=spec.checkpoint_steps, on_checkpoint=upload, **stop)
         # Resumed from a checkpoint at the stage's boundary (killed while publishing the final one)
-        # leaves nothing to train: that checkpoint is the final one.
+        # leaves nothing to train: that checkpoint is the final one, exported by the export task.
         final = latest_checkpoint(checkpoints) if list_checkpoints(checkpoints) else resume
         storage.put_dir(final, f"{stage_key}/final-{owner}")
-    logger.info("Stage %s complete: %s", stage_key, storage.uri(f"{stage_key}/final-{owner}"))
-    return _ref(storage, f"{stage_key}/final-{owner}")
+        ref = _ref(storage, f"{stage_key}/final-{owner}")
+        logger.info("Stage %s complete: %s", stage_key, ref["uri"])
+        if "history" in held and stage == plan_stages(spec)[-1]:
+            export_key = _export_key(spec, ref)
+            _publish_export(spec, storage, trainer, held["history"], export_key, work)
+            logger.info("Export %s published.", storage.uri(export_key))
+    return ref
+
+
+def _export_key(spec: RunSpec, final: dict) -> str:
+    return f"{spec.run_key}/export-{final['digest'][:12]}"
+
+
+def _publish_export(spec: RunSpec, storage, trainer, history: list[dict], export_key: str, work: Path) -> Path:
+    """Publish ``save_model`` under ``export_key``, then the report (the history the final checkpoint holds,
+    and its reward curve) beside it; returns the local report. The last stage and the export task both
+    publish through here, so their files are identical."""
+    trainer.save_model(work / "export")
+    storage.put_dir(work / "export", export_key)
+    report = work / "report"
+    report.mkdir()
+    (report / "history.json").write_text(json.dumps(history))
+    plot_history(history, report / "reward_curve.png", title=f"{spec.name} ({spec.algorithm})")
+    storage.put_dir(report, f"{export_key}-report")
+    return report
+
+
+def _stored_report(storage, export_key: str, into: Path) -> Path | None:
+    """The report of a complete export, downloaded (and verified); None when the export or a report
+    holding the history is not in storage."""
+    report = storage.read_manifest(f"{export_key}-report") or {}
+    if not storage.exists(export_key) or "history.json" not in report.get("files", {}):
+        return None
+    storage.get_dir(f"{export_key}-report", into)
+    return into
+
+
+def _export_checkpoint(spec: RunSpec, storage, final: dict, entities: dict, work: Path) -> Path:
+    """The export rebuilt from the final checkpoint, for when its stage did not publish it (it was cut
+    short or resumed at its boundary, or the export was deleted); returns the local report."""
+    get_run_logger().info("Exporting %s from the final checkpoint %s.", _export_key(spec, final), final["uri"])
+    trainer = spec.build_trainer(initial_agents(spec, entities["init"]))
+    trainer.load_checkpoint(_fetch(storage, final, work / "final"))
+    return _publish_export(spec, storage, trainer, trainer.history, _export_key(spec, final), work)
 
 
 @task(name="export", cache_policy=STAGE_CACHE, persist_result=True, retries=2, retry_delay_seconds=[2, 10],
       retry_condition_fn=_transient)
 def export_models(spec: RunSpec, final: dict, entities: dict) -> dict:
-    """``save_model`` from the final checkpoint, published to storage with its manifest written last."""
+    """The final checkpoint's export (published by the last stage, else built here), its metrics, and
+    ``LATEST`` moved to it."""
     storage = open_storage(spec.storage)
-    export_key = f"{spec.run_key}/export-{final['digest'][:12]}"
+    export_key = _export_key(spec, final)
     with _work_dir() as work:
         work = Path(work)
-        trainer = spec.build_trainer(initial_agents(spec, entities["init"]))
-        trainer.load_checkpoint(_fetch(storage, final, work / "final"))
-        trainer.save_model(work / "export")
-        storage.put_dir(work / "export", export_key)
-        history = trainer.history
-        curve = plot_history(history, work / "reward_curve.png", title=f"{spec.name} ({spec.algorithm})")
-        if curve is not None:
-            (work / "report").mkdir()
-            curve.rename(work / "report" / curve.name)
-            storage.put_dir(work / "report", f"{export_key}-report")
-    report = f"{export_key}-report" if curve is not None else None
+        report = _stored_report(storage, export_key, work / "stored")
+        if report is None:
+            report = _export_checkpoint(spec, storage, final, entities, work)
+        history = json.loads((report / "history.json").read_text())
+        curve = (report / "reward_curve.png").is_file()
     exported = {**_ref(storage, export_key), "metrics": summarize(history),
-                "curve": storage.uri(f"{report}/reward_curve.png") if report else None}
+                "curve": storage.uri(f"{export_key}-report/reward_curve.png") if curve else None}
     # The "latest" pointer moves only once the new export is complete; older exports stay untouched.
     storage.put_text(f"{spec.name}/LATEST", json.dumps({k: exported[k] for k in ("key", "uri", "digest")}) + "\n")
     return exported

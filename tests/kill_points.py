@@ -19,8 +19,7 @@ def _die() -> None:
 
 def install(point: str, n: int) -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
-    from transformers.generation.utils import GenerationMixin
-
+    from comlrl_core import rollout
     from comlrl_core.checkpoint import atomic
     from comlrl_core.storage import S3Storage
     from comlrl_core.trainers import checkpointing
@@ -70,7 +69,7 @@ def install(point: str, n: int) -> None:
         reached("manifest-write")
         return original_manifest(path, manifest)
 
-    after(GenerationMixin, "generate", lambda *a, **k: "rollout")
+    after(rollout, "generate_ids", lambda *a, **k: "rollout")
     register_optimizer_step_post_hook(lambda *a: reached("optimizer-step"))
     before(checkpointing, "save_state", lambda *a, **k: "checkpoint-write")
     original_manifest = atomic._write_manifest

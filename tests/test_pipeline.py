@@ -82,12 +82,28 @@ def test_stage_plans():
 
 # ---- every algorithm -----------------------------------------------------------------------------------
 
+@pytest.fixture()
+def trainer_builds(monkeypatch) -> list[str]:
+    """The name of the task behind every ``RunSpec.build_trainer`` call (each still builds the trainer)."""
+    from prefect.runtime import task_run
+
+    builds, build = [], RunSpec.build_trainer
+
+    def recorded(self, *args, **kwargs):
+        builds.append(task_run.task_name)
+        return build(self, *args, **kwargs)
+
+    monkeypatch.setattr(RunSpec, "build_trainer", recorded)
+    return builds
+
+
 @pytest.mark.parametrize("algorithm", ["magrpo", "iac", "maac", "marlhf", "marlhf_iter"])
-def test_every_algorithm_runs_and_exports(tiny_models, tmp_path, algorithm):
+def test_every_algorithm_runs_and_exports(tiny_models, tmp_path, algorithm, trainer_builds):
     config = {"num_iterations": 1, "num_train_epochs": 1} if algorithm == "marlhf_iter" else {}
     spec = spec_for(tiny_models, tmp_path, algorithm, config=config,
                     eval_dataset={"builtin": "length_ratio", "size": 2, "offset": 6})
     result = train_pipeline(spec)
+    assert trainer_builds == ["training-stage"] * len(plan_stages(spec))  # the last stage's trainer exported
     export = Path(result["uri"])
     assert (export / "manifest.json").is_file()
     AutoModelForCausalLM.from_pretrained(export / "agent_1")
@@ -95,6 +111,20 @@ def test_every_algorithm_runs_and_exports(tiny_models, tmp_path, algorithm):
         assert (export / "reward_model" / "reward_head.pt").is_file()
     assert result["metrics"]
     assert Path(result["curve"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # Without the export and the last stage's final checkpoint, that stage resumes at its boundary (it
+    # trains nothing, so it exports nothing) and the export task builds the export from the checkpoint.
+    storage = open_storage(spec.storage)
+    published = {key: storage.read_manifest(key) for key in (result["key"], f"{result['key']}-report")}
+    last = max(d for d in storage.list_dirs(spec.run_key) if d.startswith("stage-"))
+    final = next(d for d in storage.list_dirs(f"{spec.run_key}/{last}") if d.startswith("final-"))
+    for key in [*published, f"{spec.run_key}/{last}/{final}"]:
+        storage.delete(key)
+    trainer_builds.clear()
+    rebuilt = train_pipeline(spec)
+    assert trainer_builds == ["training-stage", "export"]
+    assert {key: storage.read_manifest(key) for key in published} == published  # every file identical
+    assert rebuilt == result  # the same export key, digest, metrics and curve
 
 
 # ---- resume -----------------------------------------------------------------------------------------

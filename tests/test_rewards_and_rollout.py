@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from comlrl_core.rewards import RewardFunction
-from comlrl_core.rollout import completion_mask, sample, sequence_logprobs
+from comlrl_core.rollout import actor_batch, completion_logprobs, completion_mask, sample, sequence_logprobs
 from comlrl_core.trainers.reinforce.magrpo import group_advantages
 
 TEXTS = [["a", "bb"], ["ccc", "d"]]
@@ -102,3 +102,23 @@ def test_advantage_modes_stay_distinct_under_normalisation():
     assert len({tuple(v.tolist()) for v in modes.values()}) == 4
     torch.testing.assert_close(modes["mean"].sum(), torch.tensor(0.0))
     assert torch.equal(group_advantages([3.0, 3.0], "raw", True), torch.tensor([3.0, 3.0]))
+
+
+def test_padded_batch_rows_score_as_they_do_alone(tiny_models):
+    """Rows with different prompt and completion lengths in one right-padded forward: each row's
+    log-probs and gradients match its own forward (what the actor-critic update relies on)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["llama-tiny"])
+    rows = [(torch.tensor([5, 6, 7]), torch.tensor([8, 9, 0, 1]), torch.tensor([True, True, True, False])),
+            (torch.tensor([11, 12, 13, 14, 15, 16]), torch.tensor([17, 18]), torch.tensor([True, True])),
+            (torch.tensor([20]), torch.tensor([21, 22, 23, 24, 25]), torch.ones(5, dtype=torch.bool))]
+    batch = actor_batch(rows)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    together = completion_logprobs(logits, batch).sum(dim=1)
+    together.sum().backward()
+    batched_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    alone = torch.stack([sequence_logprobs(model, p, c[None], m[None])[0] for p, c, m in rows])
+    alone.sum().backward()
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+    for batched, single in zip(batched_grads, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(batched, single, rtol=1e-4, atol=1e-6)

@@ -18,9 +18,10 @@ import torch
 
 from ...entities import load_agents, load_critics
 from ...models import CausalLMWithValueHead
-from ...rollout import actor_inputs, completion_logprobs, reference_kl, sample
+from ...rollout import actor_batch, completion_logprobs, reference_kl, sample
 from ..base import TrainerBase
 from ..data import next_prompts
+from ..optim import adamw
 
 
 @dataclass
@@ -61,17 +62,23 @@ def _value_loss(values: torch.Tensor, old: torch.Tensor, target: torch.Tensor, c
 
 
 def last_values(critic: CausalLMWithValueHead, sequences: list[torch.Tensor]) -> torch.Tensor:
-    """The critic's value at the last token of each sequence [B], in one right-padded batch."""
+    """The critic's value at the last token of each sequence [B], in one right-padded batch.
+
+    Identical sequences (a V-critic sees one prompt for all its completions) are run once.
+    """
     device = next(critic.parameters()).device
-    length = max(s.shape[0] for s in sequences)
-    ids = torch.zeros(len(sequences), length, dtype=torch.long)
-    attention = torch.zeros(len(sequences), length, dtype=torch.long)
-    for row, seq in enumerate(sequences):
+    first: dict[tuple, int] = {}
+    rows = [first.setdefault(tuple(s.tolist()), len(first)) for s in sequences]
+    unique = [torch.tensor(key, dtype=torch.long) for key in first]
+    length = max(s.shape[0] for s in unique)
+    ids = torch.zeros(len(unique), length, dtype=torch.long)
+    attention = torch.zeros(len(unique), length, dtype=torch.long)
+    for row, seq in enumerate(unique):
         ids[row, : seq.shape[0]] = seq
         attention[row, : seq.shape[0]] = 1
     values = critic(ids.to(device), attention.to(device), compute_logits=False).values
-    last = torch.tensor([s.shape[0] - 1 for s in sequences], device=device)
-    return values[torch.arange(len(sequences), device=device), last]
+    last = torch.tensor([s.shape[0] - 1 for s in unique], device=device)
+    return values[torch.arange(len(unique), device=device), last][torch.tensor(rows, device=device)]
 
 
 class ActorCriticTrainerBase(TrainerBase):
@@ -115,8 +122,8 @@ class ActorCriticTrainerBase(TrainerBase):
         if args.reference_kl_enabled:
             self.reference_models = [copy.deepcopy(self._policy(i)).eval().requires_grad_(False)
                                      for i in range(self.num_agents)]
-        self.agent_optimizers = [torch.optim.AdamW(a.parameters(), lr=args.agent_learning_rate) for a in self.agents]
-        self.critic_optimizers = [torch.optim.AdamW(c.parameters(), lr=args.critic_lr) for c in self.critics]
+        self.agent_optimizers = [adamw(a.parameters(), lr=args.agent_learning_rate) for a in self.agents]
+        self.critic_optimizers = [adamw(c.parameters(), lr=args.critic_lr) for c in self.critics]
         self.actor_buffers: list[list[ActorSample]] = [[] for _ in self.agents]
         self.critic_buffers: list[list[CriticSample]] = [[] for _ in self.critics]
 
@@ -279,27 +286,23 @@ class ActorCriticTrainerBase(TrainerBase):
         agent = self.agents[i]
         device = next(agent.parameters()).device
         policy_losses, value_losses = [], []
-        for batch in self._batches(buffer):
-            policy_terms, values, olds, targets = [], [], [], []
-            for s in batch:
-                input_ids, attention = actor_inputs(s.prompt_ids, s.completion_ids[None], s.mask[None])
-                input_ids, attention = input_ids.to(device), attention.to(device)
-                if self.shared_head:
-                    out = agent(input_ids, attention)
-                    logits = out.logits
-                    end = s.prompt_ids.shape[0] - 1 + (int(s.mask.sum()) if args.critic_type == "q" else 0)
-                    values.append(out.values[0, end])
-                else:
-                    logits = agent(input_ids=input_ids, attention_mask=attention, use_cache=False).logits
-                logp = completion_logprobs(logits, s.prompt_ids.shape[0], s.completion_ids[None], s.mask[None]).sum()
-                policy_terms.append(-logp * advantages[id(s)])
-                olds.append(s.old_value)
-                targets.append(s.target)
-            loss = torch.stack(policy_terms).mean()
+        for batch in self._batches(buffer):  # one right-padded forward per mini-batch
+            rows = actor_batch([(s.prompt_ids, s.completion_ids, s.mask) for s in batch])
+            input_ids, attention = rows.input_ids.to(device), rows.attention_mask.to(device)
+            if self.shared_head:
+                out = agent(input_ids, attention)
+                logits = out.logits
+                ends = rows.starts - 1 + (rows.mask.sum(dim=1) if args.critic_type == "q" else 0)
+                values = out.values[torch.arange(len(batch), device=device), ends.to(device)]
+            else:
+                logits = agent(input_ids=input_ids, attention_mask=attention, use_cache=False).logits
+            logp = completion_logprobs(logits, rows).sum(dim=1)
+            advantage = torch.tensor([advantages[id(s)] for s in batch], device=device)
+            loss = (-logp * advantage).mean()
             policy_losses.append(loss.item())
             if self.shared_head:
-                value_loss = _value_loss(torch.stack(values).float(), torch.tensor(olds, device=device),
-                                         torch.tensor(targets, device=device), args.value_clip_range)
+                value_loss = _value_loss(values.float(), torch.tensor([s.old_value for s in batch], device=device),
+                                         torch.tensor([s.target for s in batch], device=device), args.value_clip_range)
                 value_losses.append(value_loss.item())
                 loss = loss + args.value_loss_coef * value_loss
             self._step(self.agent_optimizers[i], agent, loss, f"agent {i}")

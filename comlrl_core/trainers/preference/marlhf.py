@@ -35,6 +35,7 @@ from ..base import TrainerBase
 from ..checkpointing import Progress
 from ..config import TrainerConfig
 from ..data import epoch_items
+from ..optim import adamw
 from ..reinforce import MAGRPOConfig, MAGRPOTrainer
 from .config import RL_ALGORITHMS, MARLHFConfig, MARLHFIterConfig
 from .preferences import PreferenceSet, joint_text, select_pairs
@@ -172,7 +173,7 @@ class MARLHFTrainer(TrainerBase):
         self.reward_model, self.reward_tokenizer = load_reward_model(
             self.plan, self.device, freeze_backbone=self.args.reward_freeze_backbone)
         trainable = [p for p in self.reward_model.parameters() if p.requires_grad]
-        self.reward_optimizer = torch.optim.AdamW(trainable, lr=self.args.reward_learning_rate)
+        self.reward_optimizer = adamw(trainable, lr=self.args.reward_learning_rate)
 
     def score(self, texts: list[str]) -> torch.Tensor:
         """Reward-model scores [B] of joint texts (gradients flow outside ``inference_mode``)."""

@@ -21,6 +21,7 @@ from ...export import ExportEntry
 from ...rollout import reference_kl, sample, sequence_logprobs
 from ..base import TrainerBase
 from ..data import next_prompts
+from ..optim import adamw
 from .config import MAGRPOConfig
 
 
@@ -80,7 +81,7 @@ class MAGRPOTrainer(TrainerBase):
         self.reference_models = []
         if self.args.reference_kl_enabled:
             self.reference_models = [copy.deepcopy(a).eval().requires_grad_(False) for a in self.agents]
-        self.optimizers = [torch.optim.AdamW(a.parameters(), lr=self.args.agent_learning_rate) for a in self.agents]
+        self.optimizers = [adamw(a.parameters(), lr=self.args.agent_learning_rate) for a in self.agents]
         self.buffers: list[list[NodeSample]] = [[] for _ in self.agents]
 
     # ---- rollout --------------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""A lean sampler for Llama-style decoders (Llama, Qwen2, Mistral): the rollout's hot loop without
+``generate``'s per-token machinery.
+
+At RL rollout sizes (a few sequences of tens of tokens) a decode step costs reading the weights
+plus Python overhead, not FLOPs, and Hugging Face ``generate`` spends about as long in its
+per-step bookkeeping, cache objects and mask building as in the matmuls. This sampler prefills the
+prompt once (``generate`` prefills it once per sample), writes keys and values into one
+preallocated cache, runs q/k/v and gate/up as one matmul each, and samples as ``generate`` does:
+the same temperature, top-k and top-p warpers, one ``multinomial`` draw per step, padding after
+EOS, stopping when every sequence has ended. It runs only where it reproduces ``generate``
+(see ``lean_sample``); anything else returns None and the caller uses ``generate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationConfig
+from transformers.generation import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+_MODEL_TYPES = {"llama", "qwen2", "mistral"}
+_STATIC_ROPE = {"default", "linear", "llama3"}  # position tables that do not depend on the sequence length
+_OPTIONS = {"do_sample", "temperature", "top_k", "top_p", "max_new_tokens"}
+# Generation-config fields that leave sampling unchanged here (token ids are read separately).
+_NEUTRAL = {"bos_token_id", "eos_token_id", "pad_token_id", "max_length", "use_cache", "transformers_version",
+            "_from_model_config"}
+
+
+@dataclass
+class _Layer:
+    """One decoder layer with q/k/v and gate/up fused (built per call, so always the current weights)."""
+
+    input_norm: nn.Module
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o_proj: nn.Linear
+    post_norm: nn.Module
+    gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down_proj: nn.Linear
+    act: nn.Module
+
+
+def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    weight = torch.cat([m.weight for m in linears])
+    biases = [m.bias for m in linears]
+    if all(b is None for b in biases):
+        return weight, None
+    return weight, torch.cat([b if b is not None else m.weight.new_zeros(m.out_features)
+                              for m, b in zip(linears, biases)])
+
+
+def _plain_decoder(model: nn.Module) -> bool:
+    """A Llama-style decoder made of plain modules: no adapters, quantized layers, hooks or offloading."""
+    config = getattr(model, "config", None)
+    body = getattr(model, "model", None)
+    if getattr(config, "model_type", None) not in _MODEL_TYPES or body is None or not hasattr(body, "layers"):
+        return False
+    if getattr(getattr(body, "rotary_emb", None), "rope_type", None) not in _STATIC_ROPE:
+        return False
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
+        return False
+    if getattr(config, "pretraining_tp", 1) != 1 or getattr(model, "hf_device_map", None):
+        return False
+    linears = [model.lm_head] + [m for layer in body.layers for m in (
+        layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+        layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
+    if any(type(m) is not nn.Linear for m in linears):
+        return False
+    return not any(m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_hf_hook") for m in model.modules())
+
+
+def _plain_sampling(model: nn.Module, generation: dict) -> bool:
+    """Exactly the trainer's sampling options, and nothing in the model's generation config that
+    would make ``generate`` do more (repetition penalty, min length, bad words, ...)."""
+    if generation.keys() != _OPTIONS or generation["do_sample"] is not True:
+        return False
+    defaults = GenerationConfig().to_dict()
+    own = getattr(model, "generation_config", None)
+    own = own.to_dict() if own is not None else {}
+    return all(value == defaults.get(key) for key, value in own.items() if key not in _OPTIONS | _NEUTRAL)
+
+
+def _warpers(generation: dict) -> list:
+    """The warpers ``generate`` builds for these options, in its order."""
+    warpers = []
+    if generation["temperature"] is not None and generation["temperature"] != 1.0:
+        warpers.append(TemperatureLogitsWarper(generation["temperature"]))
+    if generation["top_k"] is not None and generation["top_k"] != 0:
+        warpers.append(TopKLogitsWarper(top_k=generation["top_k"], min_tokens_to_keep=1))
+    if generation["top_p"] is not None and generation["top_p"] < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=generation["top_p"], min_tokens_to_keep=1))
+    return warpers
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class _Decoder:
+    """The model's forward over new tokens, reading and extending a preallocated KV cache."""
+
+    def __init__(self, model: nn.Module, rows: int, length: int, device: torch.device):
+        config, body = model.config, model.model
+        self.model, self.body = model, body
+        attention = body.layers[0].self_attn
+        self.head_dim = attention.head_dim
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.scale = attention.scaling
+        self.layers = []
+        for layer in body.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            qkv, qkv_bias = _fuse([a.q_proj, a.k_proj, a.v_proj])
+            gate_up, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
+            self.layers.append(_Layer(layer.input_layernorm, qkv, qkv_bias, a.o_proj, layer.post_attention_layernorm,
+                                      gate_up, gate_up_bias, mlp.down_proj, mlp.act_fn))
+        dtype = body.embed_tokens.weight.dtype
+        shape = (rows, self.kv_heads, length, self.head_dim)
+        self.cache = [(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device))
+                      for _ in self.layers]
+        positions = torch.arange(length, device=device)[None]
+        self.cos, self.sin = body.rotary_emb(body.embed_tokens.weight[:1][None], positions)
+        self.cos, self.sin = self.cos[:, None], self.sin[:, None]  # [1, 1, length, head_dim]
+
+    def logits(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        """float32 logits [B, V] after ``ids`` [B, L] placed at positions ``start..start+L-1``.
+
+        Keys and values go into every cache row (a batch of 1 is broadcast: the shared prompt)."""
+        batch, length = ids.shape
+        end = start + length
+        cos, sin = self.cos[..., start:end, :], self.sin[..., start:end, :]
+        sizes = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
+        x = self.body.embed_tokens(ids)
+        for layer, (keys, values) in zip(self.layers, self.cache):
+            q, k, v = F.linear(layer.input_norm(x), layer.qkv, layer.qkv_bias).split(sizes, dim=-1)
+            q = _rotate(q.view(batch, length, self.heads, self.head_dim).transpose(1, 2), cos, sin)
+            keys[:, :, start:end] = _rotate(k.view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+            values[:, :, start:end] = v.view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+            attended = F.scaled_dot_product_attention(q, keys[:batch, :, :end], values[:batch, :, :end],
+                                                      is_causal=length > 1, scale=self.scale,
+                                                      enable_gqa=self.heads != self.kv_heads)
+            x = x + layer.o_proj(attended.transpose(1, 2).reshape(batch, length, -1))
+            gate, up = F.linear(layer.post_norm(x), layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
+            x = x + layer.down_proj(layer.act(gate) * up)
+        return self.model.lm_head(self.body.norm(x[:, -1])).float()
+
+
+@torch.inference_mode()
+def lean_sample(model: nn.Module, prompt_ids: torch.Tensor, k: int, generation: dict,
+                pad_token_id: int | None) -> torch.Tensor | None:
+    """``k`` sampled continuations of ``prompt_ids`` [1, P] as ``generate`` returns them ([k, P+T],
+    padded after EOS), or None when this model or these options need ``generate`` itself."""
+    if prompt_ids.shape[0] != 1 or not _plain_decoder(model) or not _plain_sampling(model, generation):
+        return None
+    prompt_len, new = prompt_ids.shape[1], generation["max_new_tokens"]
+    window = getattr(model.config, "sliding_window", None)
+    if window is not None and prompt_len + new > window:
+        return None
+    eos = model.generation_config.eos_token_id
+    eos = torch.tensor([] if eos is None else eos if isinstance(eos, list) else [eos], device=prompt_ids.device)
+    pad = pad_token_id if pad_token_id is not None else (int(eos[0]) if eos.numel() else None)
+    warpers = _warpers(generation)
+    decoder = _Decoder(model, k, prompt_len + new, prompt_ids.device)
+    logits = decoder.logits(prompt_ids, 0).expand(k, -1)
+    tokens = []
+    running = torch.ones(k, dtype=torch.bool, device=prompt_ids.device)
+    for step in range(new):
+        for warp in warpers:
+            logits = warp(None, logits)
+        token = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1).squeeze(1)
+        if eos.numel():
+            token = torch.where(running, token, pad)
+            running &= ~torch.isin(token, eos)
+        tokens.append(token)
+        if not running.any() or step + 1 == new:
+            break
+        logits = decoder.logits(token[:, None], prompt_len + step)
+    return torch.cat([prompt_ids.expand(k, -1), torch.stack(tokens, dim=1)], dim=1)

@@ -1,0 +1,75 @@
+"""The lean sampler draws exactly what Hugging Face ``generate`` draws, and steps aside where it cannot."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from comlrl_core.decoding import lean_sample
+
+SETTINGS = [
+    {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 12},
+    {"do_sample": True, "temperature": 0.6, "top_p": 0.6, "top_k": 0, "max_new_tokens": 20},
+    {"do_sample": True, "temperature": 0.8, "top_p": 0.9, "top_k": 7, "max_new_tokens": 6},
+]
+
+
+def _generate(model, prompt, k, generation, pad=1):
+    with torch.inference_mode():
+        return model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), num_return_sequences=k,
+                              pad_token_id=pad, **generation)
+
+
+@pytest.fixture(scope="module", params=["qwen2-tiny", "llama-tiny"])
+def model(request, tiny_models):
+    return AutoModelForCausalLM.from_pretrained(tiny_models[request.param]).eval()
+
+
+@pytest.mark.parametrize("generation", SETTINGS)
+def test_same_tokens_as_generate_for_the_same_seed(model, generation):
+    for seed in range(4):
+        prompt = torch.randint(5, 200, (1, 2 + 5 * seed), generator=torch.Generator().manual_seed(seed))
+        torch.manual_seed(seed)
+        expected = _generate(model, prompt, 4, generation)
+        torch.manual_seed(seed)
+        got = lean_sample(model, prompt, 4, generation, 1)
+        assert got is not None
+        assert torch.equal(got, expected)
+
+
+def test_eos_pads_the_rest_and_stops_when_every_sequence_ended(model):
+    """Make the tokens every row draws third the EOS ids: each row ends by step 3, some earlier (then
+    padded), and the loop stops there instead of running to ``max_new_tokens``."""
+    generation = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 3, "max_new_tokens": 40}
+    prompt = torch.tensor([[7, 8, 9]])
+    torch.manual_seed(0)
+    third = sorted(set(_generate(model, prompt, 6, generation)[:, 5].tolist()))
+    original = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = third
+    try:
+        torch.manual_seed(0)
+        expected = _generate(model, prompt, 6, generation)
+        torch.manual_seed(0)
+        got = lean_sample(model, prompt, 6, generation, 1)
+    finally:
+        model.generation_config.eos_token_id = original
+    assert torch.equal(got, expected)
+    assert got.shape[1] == prompt.shape[1] + 3
+    assert (got[:, 3:] == 1).any()
+
+
+def test_steps_aside_for_what_it_does_not_reproduce(model):
+    generation = dict(SETTINGS[0])
+    prompt = torch.tensor([[5, 6, 7]])
+    assert lean_sample(model, prompt, 2, {**generation, "repetition_penalty": 1.3}, 1) is None
+    assert lean_sample(model, prompt, 2, {**generation, "do_sample": False}, 1) is None
+    model.generation_config.no_repeat_ngram_size = 2
+    try:
+        assert lean_sample(model, prompt, 2, generation, 1) is None
+    finally:
+        model.generation_config.no_repeat_ngram_size = None
+    hook = model.model.layers[0].mlp.register_forward_hook(lambda *args: None)
+    try:
+        assert lean_sample(model, prompt, 2, generation, 1) is None
+    finally:
+        hook.remove()
+    assert lean_sample(model, prompt, 2, generation, 1) is not None
