@@ -1,9 +1,10 @@
-"""Pipeline overhead: ``python -m benchmarks.pipeline [--size small] [--prompts N] [--epochs N]``.
+"""Pipeline overhead: ``python -m benchmarks.pipeline [--size small] [--prompts N] [--epochs N] [--repeats N]``.
 
 1. The same MAGRPO training called directly (``spec.build_trainer().train()``) and through the
    Prefect flow (one training stage, checkpointed at each epoch's end, that also exports its trained
    models, then the export task), on an API that is already running — what a deployment's worker
-   sees. The default ``--prompts`` makes the direct run about a minute on one CPU thread.
+   sees. The default ``--prompts`` makes the direct run about a minute on one CPU thread; the two
+   alternate ``--repeats`` times and the medians are compared.
 2. The cost of a resume: the flow, now checkpointing every ``--checkpoint-steps`` steps, fails at
    its last step (the reward function raises once), then runs again. The re-run redoes the work
    since the last checkpoint; the rest of its time is the fixed cost of resuming (Prefect, loading
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -45,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-steps", type=int, default=10,
                         help="checkpoint cadence (training steps) of the run that fails and resumes")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3, help="direct/flow pairs, alternating order (median)")
     args = parser.parse_args(argv)
     os.environ.update(WANDB_MODE="disabled", PREFECT_SERVER_ANALYTICS_ENABLED="false", HF_HUB_OFFLINE="1",
                       TRANSFORMERS_OFFLINE="1", PREFECT_LOGGING_LEVEL="WARNING")
@@ -68,20 +71,28 @@ def main(argv: list[str] | None = None) -> int:
     with prefect_test_harness(server_startup_timeout=120):
         train_pipeline(_spec(models, str(work / "warmup"), 2, 1, "comlrl_core.environments:length_ratio_reward"))
 
-        spec = _spec(models, str(work / "direct"), args.prompts, args.epochs, "comlrl_core.environments:length_ratio_reward")
-        start = time.perf_counter()
-        trainer = spec.build_trainer()
-        trainer.train()
-        figures["direct_s"] = time.perf_counter() - start
-        start = time.perf_counter()  # what one checkpoint costs the flow: written, then stored and verified
-        open_storage(str(work / "store")).put_dir(trainer.save_checkpoint(work / "ck" / "checkpoint-1"), "ck")
-        figures["checkpoint_cost_s"] = time.perf_counter() - start
-        del trainer
-
-        spec = _spec(models, str(work / "flow"), args.prompts, args.epochs, "comlrl_core.environments:length_ratio_reward")
-        start = time.perf_counter()
-        train_pipeline(spec)
-        figures["flow_s"] = time.perf_counter() - start
+        # Direct and flow runs in alternating order, each pair on fresh storage: the machine's speed
+        # drifts by more than the overhead, so the figure is the median over pairs.
+        directs, flows = [], []
+        for repeat in range(args.repeats):
+            for mode in (("direct", "flow") if repeat % 2 == 0 else ("flow", "direct")):
+                spec = _spec(models, str(work / f"{mode}-{repeat}"), args.prompts, args.epochs,
+                             "comlrl_core.environments:length_ratio_reward")
+                start = time.perf_counter()
+                if mode == "flow":
+                    train_pipeline(spec)
+                    flows.append(time.perf_counter() - start)
+                    continue
+                trainer = spec.build_trainer()
+                trainer.train()
+                directs.append(time.perf_counter() - start)
+                if repeat == 0:  # what one checkpoint costs the flow: written, then stored and verified
+                    start = time.perf_counter()
+                    open_storage(str(work / "store")).put_dir(trainer.save_checkpoint(work / "ck" / "checkpoint-1"), "ck")
+                    figures["checkpoint_cost_s"] = time.perf_counter() - start
+                del trainer
+        figures.update(direct_s=statistics.median(directs), flow_s=statistics.median(flows),
+                       pair_overheads_pct=[round(100 * (f - d) / d, 1) for d, f in zip(directs, flows)])
 
         # Fail at the last step's reward call: everything up to the last checkpoint is uploaded.
         os.environ.update(COMLRL_FAULT_MARKER=str(work / "fault-happened"), COMLRL_FAULT_AT=str(steps))
@@ -101,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                    checkpoint_steps=args.checkpoint_steps, redone_steps=redone,
                    redone_work_s=redone * per_step, resume_fixed_s=figures["resumed_run_s"] - redone * per_step)
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}))
+    print(f"overhead per pair (%): {figures['pair_overheads_pct']}")
     print(f"\n| size | steps | direct | flow | overhead | one checkpoint | resumed re-run | "
           f"of which redone work | fixed resume cost |\n|---|---|---|---|---|---|---|---|---|\n"
           f"| {args.size} | {steps} | {figures['direct_s']:.1f} s | {figures['flow_s']:.1f} s | "
