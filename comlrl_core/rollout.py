@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -48,19 +50,81 @@ def generate_ids(model: nn.Module, input_ids: torch.Tensor, attention_mask: torc
     return out
 
 
-def sample(model: nn.Module, tokenizer: PreTrainedTokenizerBase, prompt: str, k: int, generation: dict) -> Completions:
-    """All K completions of ``prompt`` in one sampling call (KV cache on, no autograd)."""
-    device = next(model.parameters()).device
+def _encode(tokenizer: PreTrainedTokenizerBase, prompt: str):
     encoded = tokenizer(prompt, return_tensors="pt", truncation=True)
     if encoded.input_ids.shape[1] == 0:
         raise ValueError(f"The prompt {prompt!r} encodes to no tokens; formatters must return non-empty prompts.")
+    return encoded
+
+
+def _draw(model: nn.Module, encoded, k: int, generation: dict, pad_token_id: int | None) -> torch.Tensor:
+    """The sampling call on the model's device: [k, P+T] ids on the CPU (no tokenizer: thread-safe per device)."""
+    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     with torch.inference_mode():
         out = generate_ids(model, encoded.input_ids.to(device), encoded.attention_mask.to(device), k, generation,
-                           tokenizer.pad_token_id)
+                           pad_token_id)
     model.train(was_training)
-    out = out.cpu().clone()  # outside inference mode: a normal tensor that autograd may save
+    return out.cpu().clone()  # outside inference mode: a normal tensor that autograd may save
+
+
+def sample(model: nn.Module, tokenizer: PreTrainedTokenizerBase, prompt: str, k: int, generation: dict) -> Completions:
+    """All K completions of ``prompt`` in one sampling call (KV cache on, no autograd)."""
+    encoded = _encode(tokenizer, prompt)
+    return _completions(model, tokenizer, encoded, _draw(model, encoded, k, generation, tokenizer.pad_token_id))
+
+
+def _worker_devices(devices: list[torch.device]) -> list[torch.device]:
+    """The devices ``sample_agents`` gives a worker thread: each CUDA device, when there are two or
+    more. Each CUDA device has its own generator; the CPU's is global, so CPU sampling stays on the
+    calling thread (threads would interleave its draws)."""
+    cuda = list(dict.fromkeys(d for d in devices if d.type == "cuda"))
+    return cuda if len(cuda) > 1 else []
+
+
+def sample_agents(policies: list[nn.Module], tokenizers: list[PreTrainedTokenizerBase], prompts: list[str], k: int,
+                  generation: dict) -> list[Completions]:
+    """``[sample(policies[i], tokenizers[i], prompts[i], k, generation) for i ...]``, with agents on
+    different CUDA devices sampling at the same time.
+
+    With policies on more than one CUDA device, each device's agents sample in order on one
+    worker thread per device (so every device's generator sees the same draws as one after
+    another), and CPU agents on the calling thread meanwhile; tokenizers are only used on the
+    calling thread. The results equal the sequential ones. Otherwise it is the plain loop.
+    """
+    if not len(policies) == len(tokenizers) == len(prompts):
+        raise ValueError(f"sample_agents: {len(policies)} policies, {len(tokenizers)} tokenizers and "
+                         f"{len(prompts)} prompts; give one of each per agent.")
+    devices = [next(p.parameters()).device for p in policies]
+    threaded = _worker_devices(devices)
+    if not threaded:
+        return [sample(p, t, q, k, generation) for p, t, q in zip(policies, tokenizers, prompts)]
+    groups: dict[torch.device, list[int]] = {}
+    for i, device in enumerate(devices):
+        groups.setdefault(device, []).append(i)
+    encoded = [_encode(t, q) for t, q in zip(tokenizers, prompts)]
+    drawn: list[torch.Tensor | None] = [None] * len(policies)
+
+    def draw(indices: list[int]) -> None:
+        for i in indices:
+            drawn[i] = _draw(policies[i], encoded[i], k, generation, tokenizers[i].pad_token_id)
+
+    def draw_on(device: torch.device, indices: list[int]) -> None:
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            draw(indices)
+
+    with ThreadPoolExecutor(max_workers=len(threaded), thread_name_prefix="sample-agents") as pool:
+        futures = [pool.submit(draw_on, d, groups[d]) for d in threaded]
+        for device, indices in groups.items():
+            if device not in threaded:
+                draw(indices)
+        for future in futures:
+            future.result()
+    return [_completions(p, t, e, out) for p, t, e, out in zip(policies, tokenizers, encoded, drawn)]
+
+
+def _completions(model: nn.Module, tokenizer: PreTrainedTokenizerBase, encoded, out: torch.Tensor) -> Completions:
     prompt_len = encoded.input_ids.shape[1]
     completion_ids = out[:, prompt_len:]
     mask = completion_mask(completion_ids, eos_ids(tokenizer, model))

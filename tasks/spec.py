@@ -109,6 +109,7 @@ class RunSpec(BaseModel):
     external_transition: str | None = None
     stage_epochs: int = Field(1, ge=1, strict=True)
     checkpoint_steps: int | None = Field(None, ge=1, strict=True)
+    num_processes: int = Field(1, ge=1, strict=True)  # >1: each training stage is an `accelerate launch` job
     storage: str = "./comlrl-runs"
     init_from: str | None = None
     wandb: dict[str, Any] | None = None

@@ -29,6 +29,7 @@ from comlrl_core.storage import StorageError, open_storage
 from comlrl_core.trainers.checkpointing import checkpoint_sequence, latest_checkpoint, list_checkpoints
 from comlrl_core.trainers.data import dataset_fingerprint
 
+from .launch import accelerate_command, run_streaming
 from .spec import ALGORITHMS, RunSpec
 
 STAGE_CACHE = INPUTS + TASK_SOURCE  # no run id: completed stages are reused by later flow runs
@@ -253,28 +254,50 @@ def run_stage(spec: RunSpec, stage: dict, previous: dict | None, entities: dict)
             logger.info("Resuming stage %s from its checkpoint %s.", stage_key, resume.name)
         elif previous is not None:
             resume = _fetch(storage, previous, work / "previous")
-        overrides, stop = _stage_overrides(spec, stage)
-        trainer = spec.build_trainer(initial_agents(spec, entities["init"]), **overrides)
-        checkpoints = work / "checkpoints"
-        held = {}  # the history the newest checkpoint holds: the trainer may log an evaluation after it
+        job = {"stage": stage, "stage_key": stage_key, "owner": owner, "agents": initial_agents(spec, entities["init"]),
+               "resume": resume and str(resume), "work": str(work)}
+        if spec.num_processes == 1:
+            return train_stage(spec, job, logger.info)
+        (work / "job.json").write_text(json.dumps({**job, "spec": spec.model_dump(mode="json")}))
+        logger.info("Launching stage %s on %d processes.", stage_key, spec.num_processes)
+        run_streaming(accelerate_command(spec.num_processes, ["-m", "tasks.stage_worker", str(work / "job.json")]),
+                      logger.info)
+        return json.loads((work / "result.json").read_text())
 
-        def upload(path: Path) -> None:
-            storage.put_dir(path, f"{stage_key}/partial/{owner}/{path.name}")
-            held["history"] = list(trainer.history)
-            logger.info("Checkpoint %s of stage %s uploaded.", path.name, stage_key)
 
-        trainer.train(resume_from_checkpoint=resume, checkpoint_dir=checkpoints,
-                      checkpoint_steps=spec.checkpoint_steps, on_checkpoint=upload, **stop)
-        # Resumed from a checkpoint at the stage's boundary (killed while publishing the final one)
-        # leaves nothing to train: that checkpoint is the final one, exported by the export task.
-        final = latest_checkpoint(checkpoints) if list_checkpoints(checkpoints) else resume
-        storage.put_dir(final, f"{stage_key}/final-{owner}")
-        ref = _ref(storage, f"{stage_key}/final-{owner}")
-        logger.info("Stage %s complete: %s", stage_key, ref["uri"])
-        if "history" in held and stage == plan_stages(spec)[-1]:
-            export_key = _export_key(spec, ref)
-            _publish_export(spec, storage, trainer, held["history"], export_key, work)
-            logger.info("Export %s published.", storage.uri(export_key))
+def train_stage(spec: RunSpec, job: dict, log) -> dict | None:
+    """Train one stage from ``job`` (what :func:`run_stage` resolved) and publish its final checkpoint,
+    and the export after the last stage; returns its reference. Every process of a data-parallel stage
+    runs this; rank 0 uploads and returns the reference, the others return None."""
+    stage, stage_key = job["stage"], job["stage_key"]
+    storage, work, resume = open_storage(spec.storage), Path(job["work"]), job["resume"] and Path(job["resume"])
+    overrides, stop = _stage_overrides(spec, stage)
+    trainer = spec.build_trainer(job["agents"], **overrides)
+    checkpoints = work / "checkpoints"
+    held = {}  # the history the newest checkpoint holds: the trainer may log an evaluation after it
+
+    def upload(path: Path) -> None:  # rank 0 only: only it writes checkpoints
+        storage.put_dir(path, f"{stage_key}/partial/{job['owner']}/{path.name}")
+        held["history"] = list(trainer.history)
+        log(f"Checkpoint {path.name} of stage {stage_key} uploaded.")
+
+    trainer.train(resume_from_checkpoint=resume, checkpoint_dir=checkpoints,
+                  checkpoint_steps=spec.checkpoint_steps, on_checkpoint=upload, **stop)
+    last = stage == plan_stages(spec)[-1]
+    if last:
+        trainer.save_model(work / "export")  # every rank calls it; rank 0 writes
+    if not trainer.dist.is_main:
+        return None
+    # Resumed from a checkpoint at the stage's boundary (killed while publishing the final one)
+    # leaves nothing to train: that checkpoint is the final one, exported by the export task.
+    final = latest_checkpoint(checkpoints) if list_checkpoints(checkpoints) else resume
+    storage.put_dir(final, f"{stage_key}/final-{job['owner']}")
+    ref = _ref(storage, f"{stage_key}/final-{job['owner']}")
+    log(f"Stage {stage_key} complete: {ref['uri']}")
+    if last and "history" in held:
+        export_key = _export_key(spec, ref)
+        _publish_export(spec, storage, held["history"], export_key, work)
+        log(f"Export {storage.uri(export_key)} published.")
     return ref
 
 
@@ -282,11 +305,10 @@ def _export_key(spec: RunSpec, final: dict) -> str:
     return f"{spec.run_key}/export-{final['digest'][:12]}"
 
 
-def _publish_export(spec: RunSpec, storage, trainer, history: list[dict], export_key: str, work: Path) -> Path:
-    """Publish ``save_model`` under ``export_key``, then the report (the history the final checkpoint holds,
-    and its reward curve) beside it; returns the local report. The last stage and the export task both
-    publish through here, so their files are identical."""
-    trainer.save_model(work / "export")
+def _publish_export(spec: RunSpec, storage, history: list[dict], export_key: str, work: Path) -> Path:
+    """Publish the ``save_model`` output in ``work/export`` under ``export_key``, then the report (the history
+    the final checkpoint holds, and its reward curve) beside it; returns the local report. The last stage
+    and the export task both publish through here, so their files are identical."""
     storage.put_dir(work / "export", export_key)
     report = work / "report"
     report.mkdir()
@@ -312,7 +334,8 @@ def _export_checkpoint(spec: RunSpec, storage, final: dict, entities: dict, work
     get_run_logger().info("Exporting %s from the final checkpoint %s.", _export_key(spec, final), final["uri"])
     trainer = spec.build_trainer(initial_agents(spec, entities["init"]))
     trainer.load_checkpoint(_fetch(storage, final, work / "final"))
-    return _publish_export(spec, storage, trainer, trainer.history, _export_key(spec, final), work)
+    trainer.save_model(work / "export")
+    return _publish_export(spec, storage, trainer.history, _export_key(spec, final), work)
 
 
 @task(name="export", cache_policy=STAGE_CACHE, persist_result=True, retries=2, retry_delay_seconds=[2, 10],

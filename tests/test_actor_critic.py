@@ -209,7 +209,8 @@ def test_multi_turn_targets_are_one_step_td(tiny_models):
 
 @pytest.mark.parametrize("kind", ["iac-separate", "maac"])
 def test_rewards_rise_on_the_cooperative_task(tiny_models, kind):
-    trainer = build(kind, tiny_models, num_train_epochs=6, max_new_tokens=16, num_generations=4,
+    # 10 epochs: the rise (0.31-0.43 over seeds 0-2) stands well clear of the threshold for any seed
+    trainer = build(kind, tiny_models, num_train_epochs=10, max_new_tokens=16, num_generations=4,
                     agent_learning_rate=1e-2, critic_learning_rate=1e-3, rollout_buffer_size=4,
                     temperature=1.0, top_p=1.0)
     trainer.train_dataset = length_ratio_dataset(6)

@@ -91,6 +91,8 @@ POSITIVE_FLOATS = {"agent_learning_rate", "critic_learning_rate", "reward_learni
 SIGNED_FLOATS = {"early_termination_threshold"}
 CHOICES = {"joint_mode", "advantage_mode", "critic_type", "pair_selection", "rl_algorithm"}
 DEVICE_FIELDS = {"reward_model_device"}  # checked when the trainer resolves devices (see the trainer test)
+DEVICE_SETTINGS = {"agent_devices", "critic_devices", "reference_devices"}  # their form is checked by the config
+VALID_DEVICE_NAMES = {"cpu", "cuda", "mps", "auto"}
 
 
 def bad_config_value(field: dataclasses.Field) -> st.SearchStrategy:
@@ -105,6 +107,9 @@ def bad_config_value(field: dataclasses.Field) -> st.SearchStrategy:
         return st.one_of(NON_FINITE, NOT_NUMBER, none, st.nothing() if field.name in SIGNED_FLOATS else low)
     if kind == "bool":
         return st.one_of(st.integers(0, 1), st.sampled_from(["yes", "False", None, []]))
+    if field.name in DEVICE_SETTINGS:
+        return st.one_of(NAME.filter(lambda n: n not in VALID_DEVICE_NAMES), st.integers(), NON_FINITE,
+                         st.sampled_from([True, [], {}, ["gpu0"], ["cpu", 3], ["auto"], "cuda:-1", b"cpu"]))
     if field.name in CHOICES:
         return st.one_of(NAME.map(lambda n: f"no-{n}"), st.integers(), st.sampled_from([None, [], {}, ["mean"]]))
     assert kind == "str", f"{field.name}: no bad values for type {field.type}; add them here"
@@ -209,7 +214,7 @@ def bad_trainer_argument(draw, kind: str, models: dict):
             st.just([]), st.integers(3, 4).map(lambda n: [models["llama-tiny"]] * n), path.map(lambda p: [p, p])
         ).map(lambda v: {"critic_model": None, "critics": v})
     if config_class is MARLHFConfig:
-        device = st.one_of(NAME.filter(lambda n: n != "cpu"), NON_FINITE, st.sampled_from([True, -1, "cuda:99"]))
+        device = st.one_of(NAME.filter(lambda n: n not in ("cpu", "auto")), NON_FINITE, st.sampled_from([True, -1, "cuda:99"]))
         options["reward_model_device"] = device.map(lambda v: {"args": small(MARLHFConfig, reward_model_device=v)})
         options["reward_model_name"] = path.filter(bool).map(
             lambda p: {"args": small(MARLHFConfig, reward_model_name=p)})

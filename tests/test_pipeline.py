@@ -216,6 +216,39 @@ def test_a_killed_process_resumes_on_rerun(tiny_models, tmp_path, faulty, uninte
     assert same_weights(exported_weights({"uri": export}), uninterrupted)
 
 
+async def _logs(flow_run_id) -> list[str]:
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    async with get_client() as client:
+        logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    return [log.message for log in logs]
+
+
+def test_a_two_process_stage_streams_its_logs_and_resumes_on_retry(tiny_models, tmp_path, monkeypatch):
+    """``num_processes=2``: each stage is an ``accelerate launch`` job; a rank failing fails the task, and the
+    retried flow resumes the stage from its checkpoint to the weights of an uninterrupted run."""
+    import asyncio
+
+    monkeypatch.setenv("PYTHONPATH", f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")  # pipeline_faults
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+    def spec(storage):
+        return spec_for(tiny_models, tmp_path, reward_func="pipeline_faults:fail_once", checkpoint_steps=1,
+                        storage=str(storage), train_dataset={"builtin": "length_ratio", "size": 3}, num_processes=2)
+
+    uninterrupted = exported_weights(train_pipeline(spec(tmp_path / "clean")))
+    marker = tmp_path / "fault-happened"
+    monkeypatch.setenv("COMLRL_FAULT_MARKER", str(marker))
+    monkeypatch.setenv("COMLRL_FAULT_AT", "2")  # rank 0's second reward call: stage 0, after its first checkpoint
+    state = train_pipeline.with_options(retries=1, retry_delay_seconds=0)(spec(tmp_path / "runs"), return_state=True)
+    assert state.is_completed() and marker.exists()
+    assert same_weights(exported_weights(state.result()), uninterrupted)
+    messages = asyncio.run(_logs(state.state_details.flow_run_id))
+    assert any("injected failure in the reward function" in m for m in messages)  # a rank's traceback, streamed
+    assert any(m.startswith("Resuming stage") and "stage-00-policy" in m for m in messages)
+    assert any(m.startswith("Checkpoint checkpoint-") for m in messages)  # printed by rank 0 of the job
+
+
 def test_two_runs_of_one_spec_at_once_do_not_collide(tiny_models, tmp_path):
     from prefect.settings import get_current_settings
 

@@ -90,7 +90,7 @@ def test_policy_reward_under_the_learned_model_rises(tiny_models, tmp_path, rl_a
         agent_model=tiny_models["qwen2-tiny"], reward_func=length_ratio_reward, train_dataset=length_ratio_dataset(6),
         eval_dataset=length_ratio_dataset(2, offset=6),
         args=small(rl_algorithm=rl_algorithm, critic_model_name=tiny_models["llama-tiny"], preference_num_candidates=12,
-                   preference_pairs_per_sample=16, reward_num_train_epochs=3, num_train_epochs=4, max_new_tokens=16,
+                   preference_pairs_per_sample=16, reward_num_train_epochs=3, num_train_epochs=8, max_new_tokens=16,
                    num_generations=6 if rl_algorithm == "magrpo" else 4, agent_learning_rate=1e-2,
                    rollout_buffer_size=1 if rl_algorithm == "magrpo" else 4, critic_value_head_hidden_dim=8,
                    temperature=1.0, top_p=1.0, top_k=None, eval_interval=3, eval_num_samples=2))

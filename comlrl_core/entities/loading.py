@@ -115,12 +115,17 @@ def _with_head(model: nn.Module, hidden_dim: int | None, field: str) -> CausalLM
     return CausalLMWithValueHead(model, value_head_hidden_dim=hidden_dim)
 
 
-def load_agents(plan, device: torch.device, *, value_head_hidden_dim: int | None = None,
+def load_agents(plan, devices: torch.device | list[torch.device], *, value_head_hidden_dim: int | None = None,
                 value_head: bool = False, field: str = "value_head_hidden_dim") -> list[nn.Module]:
-    """The actors on ``device``; with ``value_head=True`` each carries a value head (IAC shared mode)."""
+    """The actors, agent i on ``devices[i]`` (one device: all there); with ``value_head=True`` each
+    carries a value head (IAC shared mode)."""
+    if not isinstance(devices, (list, tuple)):
+        devices = [devices] * plan.num_agents
+    if len(devices) != plan.num_agents:
+        raise ValueError(f"load_agents: {len(devices)} devices for {plan.num_agents} agents.")
     models = load_models(plan.agent_sources, from_pretrained_kwargs(plan.model_config, "model_kwargs"), "agents")
     agents = []
-    for tokenizer, model in zip(plan.tokenizers, models):
+    for tokenizer, model, device in zip(plan.tokenizers, models, devices):
         if value_head:
             model = _with_head(model, value_head_hidden_dim, field)
         elif isinstance(model, CausalLMWithValueHead):
@@ -128,6 +133,20 @@ def load_agents(plan, device: torch.device, *, value_head_hidden_dim: int | None
         apply_tokenizer_specials(tokenizer, model)
         agents.append(model.to(device))
     return agents
+
+
+def frozen_copy(module: nn.Module, device: torch.device) -> nn.Module:
+    """A frozen ``eval()`` copy of ``module`` on ``device`` (a KL reference model).
+
+    Parameters and buffers are copied straight to ``device``, so a reference placed on another
+    device never needs a second copy's memory on the original's; tied weights stay tied.
+    """
+    memo: dict = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        if id(tensor) not in memo:
+            copied = tensor.detach().to(device, copy=True)
+            memo[id(tensor)] = nn.Parameter(copied, requires_grad=False) if isinstance(tensor, nn.Parameter) else copied
+    return copy.deepcopy(module, memo).to(device).eval().requires_grad_(False)
 
 
 def load_critics(plan, devices: list[torch.device], *, value_head_hidden_dim: int | None,

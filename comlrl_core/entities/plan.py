@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..devices import resolve_device
+from ..devices import AUTO, resolve_devices, resolve_one
 from .loading import check_model_config, trusts_remote_code
 from .sources import (
     Source,
@@ -132,7 +132,7 @@ def plan_entities(
                 "without a loadable name (model.name_or_path is empty); pass a Hugging Face id or local directory."
             )
         reward_source = check_source(reward_source, f"{config_name}.reward_model_name")
-        reward_device = resolve_device(reward_model_device, f"{config_name}.reward_model_device")
+        reward_device = resolve_one(reward_model_device, f"{config_name}.reward_model_device", start=count)
 
     trust = trusts_remote_code(model_config)
     tokenizers = resolve_tokenizers(tokenizer, agent_sources, agent_model=agent_model,
@@ -149,3 +149,52 @@ def plan_entities(
                       critic_layout=critic_layout, critic_sources=critic_sources,
                       reward_model_source=reward_source, reward_model_device=reward_device,
                       model_config=model_config)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The device of every entity: one per agent, per separate critic, per reference model, and the reward model's."""
+
+    agents: list[torch.device]
+    critics: list[torch.device]
+    references: list[torch.device]
+    reward: torch.device | None = None
+
+
+def place_entities(plan: EntityPlan, args, *, default: torch.device, data_parallel: bool = False) -> Placement:
+    """Where each entity of ``plan`` goes, from ``args``' device settings (``agent_devices``,
+    ``critic_devices``, ``reference_devices``; the reward model's comes resolved in the plan).
+
+    ``None`` means ``default`` for the agents, the agent's device for its reference and its IAC
+    critic, agent 0's for the MAAC critic and the reward model. ``"auto"`` spreads round-robin
+    over the visible CUDA devices (the CPU without CUDA): agent i, its reference and its IAC
+    critic on ``cuda:i % n``, the MAAC critic on the device after the agents'. Every impossible
+    placement is a ``ValueError`` naming the config field; call this before loading weights. In a
+    data-parallel job (one process per device) the settings must be None or ``"auto"``: both mean
+    ``default``, this process's device, which also holds the reward model.
+    """
+    name, count = type(args).__name__, plan.num_agents
+    specs = {f: getattr(args, f, None) for f in ("agent_devices", "critic_devices", "reference_devices")}
+    if data_parallel:
+        for setting, spec in specs.items():
+            if spec is not None and spec != AUTO:
+                raise ValueError(f"{name}.{setting}={spec!r}: in a data-parallel job every process trains on its "
+                                 f"own device ({default}); set {setting}=None or 'auto'.")
+        specs = dict.fromkeys(specs)
+    agents = resolve_devices(specs["agent_devices"], count, f"{name}.agent_devices", default=default)
+    spec, setting = specs["critic_devices"], f"{name}.critic_devices"
+    if plan.critic_layout in ("none", "shared"):
+        if spec is not None:
+            why = ("the value heads live on their actors (use_separate_critic=False); place them with agent_devices"
+                   if plan.critic_layout == "shared" else "this algorithm has no critic")
+            raise ValueError(f"{setting}={spec!r} places nothing: {why}. Set critic_devices=None.")
+        critics = []
+    elif plan.critic_layout == "separate":
+        critics = resolve_devices(spec, count, setting, what="critic", default=agents)
+    else:  # MAAC's one centralised critic
+        critics = resolve_devices(spec, 1, setting, what="critic", default=agents[:1], start=count)
+    references = resolve_devices(specs["reference_devices"], count, f"{name}.reference_devices", default=agents)
+    reward = None
+    if plan.reward_model_source is not None:  # one process per device: its reward model shares it
+        reward = agents[0] if data_parallel else plan.reward_model_device or agents[0]
+    return Placement(agents, critics, references, reward)

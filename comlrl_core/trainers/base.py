@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import itertools
 import random
 import uuid
 from collections.abc import Callable
@@ -17,11 +19,11 @@ import numpy as np
 import torch
 
 from ..checkpoint import capture_rng, restore_rng
-from ..devices import default_device
+from ..distributed import context
 from ..entities import EntityPlan, plan_entities
 from ..export import ExportEntry, export_models
 from ..rewards import RewardFunction
-from ..rollout import sample
+from ..rollout import sample_agents
 from ..tracking import Tracker, check_wandb_config
 from .checkpointing import CheckpointMixin, Progress, latest_checkpoint
 from .data import build_formatters, check_dataset, epoch_items, is_map_style, next_prompts
@@ -47,17 +49,28 @@ class TrainerBase(CheckpointMixin):
     def _optimizer_groups(self) -> dict[str, list[torch.optim.Optimizer]]:
         raise NotImplementedError
 
-    def _train_item(self, item: dict, generation: dict) -> None:
+    def _train_item(self, item: dict | None, generation: dict) -> dict:
+        """Roll out ``item`` and update when the buffers are full; returns the step's metrics.
+
+        In a data-parallel job every rank calls this once per global step, ``item=None`` on a rank
+        left without one at the end of an epoch: it only joins the collectives.
+        """
         raise NotImplementedError
 
-    def _end_epoch(self) -> None:
-        """Drain what is buffered so the epoch boundary is a clean checkpoint point."""
+    def _end_epoch(self) -> dict:
+        """Drain what is buffered so the epoch boundary is a clean checkpoint point; returns metrics."""
+        return {}
 
     def _runtime_state(self) -> dict:
         return {}
 
     def _load_runtime_state(self, state: dict) -> None:
         pass
+
+    def _merge_runtime_states(self, states: list[dict], take: list[int]) -> dict:
+        """This rank's runtime state when resuming at another world size: the shared parts of
+        ``states[0]`` with the buffered samples of the saved ranks ``take`` (possibly none)."""
+        return states[0]
 
     def _export_entries(self) -> list[ExportEntry]:
         raise NotImplementedError
@@ -121,7 +134,8 @@ class TrainerBase(CheckpointMixin):
         self.model_name = plan.model_name
         self.sources = [s if isinstance(s, str) else None for s in plan.agent_sources]
         self.tokenizers = plan.tokenizers
-        self.device = default_device()
+        self.dist = context()
+        self.device = self.dist.device
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
         self.progress = Progress()
@@ -142,8 +156,9 @@ class TrainerBase(CheckpointMixin):
             if hasattr(obj, "state_dict") and not hasattr(obj, "load_state_dict"):
                 raise TypeError(f"{name} provides state_dict() but no load_state_dict(); add it so checkpoints "
                                 "can restore it.")
-        self.tracker = Tracker(wandb_config, {"algorithm": self.algorithm_name, **dataclasses.asdict(args)},
-                               verbose=args.verbose)
+        self.tracker = Tracker(wandb_config if self.dist.is_main else None,
+                               {"algorithm": self.algorithm_name, **dataclasses.asdict(args)},
+                               verbose=args.verbose and self.dist.is_main)
         return plan
 
     @property
@@ -187,7 +202,7 @@ class TrainerBase(CheckpointMixin):
         else:
             self._seed_everything()
             self.progress = self._initial_progress()
-            self.run_id = uuid.uuid4().hex
+            self.run_id = self.dist.gather(uuid.uuid4().hex)[0]  # rank 0's id names the run on every rank
         if checkpoint_dir is not None:
             self._preflight(checkpoint_dir)
         rng = capture_rng()  # opening a W&B run must not shift the training random streams
@@ -200,32 +215,61 @@ class TrainerBase(CheckpointMixin):
         return self.history[-1] if self.history else {}
 
     def _loop(self, generation, checkpoint_dir, interval, steps, total_limit) -> None:
-        args = self.args
+        """Epochs of global steps: each of the ``world_size`` ranks takes one of the next items.
+
+        Each item's rollout draws from a stream seeded by ``(seed, iteration, epoch, index)``, so what is
+        sampled for an item does not depend on the number of processes or on where a run resumed.
+        """
+        args, world, rank = self.args, self.dist.world_size, self.dist.rank
         if self.progress.epoch > args.num_train_epochs:
             raise ValueError(f"The checkpoint is at epoch {self.progress.epoch} but num_train_epochs="
                              f"{args.num_train_epochs}; num_train_epochs counts the whole run, so raise it.")
         while self.progress.epoch < args.num_train_epochs:
             epoch = self.progress.epoch
-            for index, item in epoch_items(self.train_dataset, epoch, args.seed, args.shuffle, self.progress.index):
-                if args.eval_interval and index % args.eval_interval == 0 and self.eval_dataset is not None:
+            items = epoch_items(self.train_dataset, epoch, args.seed, args.shuffle, self.progress.index)
+            for group in iter(lambda: list(itertools.islice(items, world)), []):
+                indices = [index for index, _ in group]
+                if args.eval_interval and self.eval_dataset is not None and any(
+                        i % args.eval_interval == 0 for i in indices):
                     self.tracker.log(self.evaluate(), self.progress.env_step)
-                self._train_item(item, generation)
-                self.progress.index = index + 1
-                self.progress.items_done += 1
-                if steps and self.progress.items_done % steps == 0 and not self._epoch_ends_at(index):
+                mine = group[rank] if rank < len(group) else None
+                if mine is not None:
+                    self._seed_item("train", self.progress.iteration, epoch, mine[0])
+                self._log_train(self._synced_step(lambda: self._train_item(mine and mine[1], generation)))
+                done = self.progress.items_done
+                self.progress.index = indices[-1] + 1
+                self.progress.items_done += len(group)
+                if (steps and self.progress.items_done // steps > done // steps
+                        and not self._epoch_ends_at(indices[-1])):
                     self._commit(checkpoint_dir, save=True, total_limit=total_limit)
-            self._end_epoch()
+            self._log_train(self._synced_step(self._end_epoch))
             self.progress.epoch, self.progress.index = epoch + 1, 0
             due = (epoch + 1) % interval == 0 or self.progress.epoch == args.num_train_epochs
             self._commit(checkpoint_dir, save=due, total_limit=total_limit)
             if self.progress.epoch == args.num_train_epochs and args.eval_interval and self.eval_dataset is not None:
                 self.tracker.log(self.evaluate(), self.progress.env_step)  # the "after" figure
 
+    def _synced_step(self, step: Callable[[], dict]) -> dict:
+        """Run one step on every rank; ``env_step`` then counts every rank's environment steps."""
+        before = self.progress.env_step
+        metrics = step()
+        (done,) = self.dist.sum([self.progress.env_step - before])
+        self.progress.env_step = before + int(done)
+        return metrics
+
     def _epoch_ends_at(self, index: int) -> bool:
         return hasattr(self.train_dataset, "__len__") and index + 1 == len(self.train_dataset)
 
     def _seed_everything(self) -> None:
         seed = self.args.seed
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+    def _seed_item(self, *key) -> None:
+        """Seed every global generator from ``(seed, *key)``: the same draws on any rank, at any world size."""
+        digest = hashlib.sha256(repr((self.args.seed, *key)).encode()).digest()
+        seed = int.from_bytes(digest[:8], "little") >> 1
         random.seed(seed)
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
@@ -245,15 +289,37 @@ class TrainerBase(CheckpointMixin):
             raise ValueError(f"train() cannot take {reserved}: the trainer sets them.")
         return {**generation, **extra}
 
+    def _minibatches(self, buffer: list) -> list[list]:
+        """Per turn, shuffled mini-batches of ``train_batch_size`` samples, padded with empty ones so
+        every rank steps through as many as the rank with the most: the global mini-batch is every
+        rank's j-th one."""
+        batches = []
+        for turn in sorted(set().union(*self.dist.gather({s.turn for s in buffer}))):
+            group = [s for s in buffer if s.turn == turn]
+            random.shuffle(group)
+            mine = [group[i:i + self.args.train_batch_size] for i in range(0, len(group), self.args.train_batch_size)]
+            batches += mine + [[] for _ in range(self.dist.max(len(mine)) - len(mine))]
+        return batches
+
     def _policy(self, i: int) -> torch.nn.Module:
         """The causal LM that generates for agent i."""
         return self.agents[i]
 
     def _log_train(self, metrics: dict) -> None:
+        """Log a step's metrics, averaged over the ranks (throughputs summed), at most every ``logging_steps``."""
         step = self.progress.env_step
-        if step - self._last_log_step >= self.args.logging_steps:
-            self.tracker.log(metrics, step)
+        if step - self._last_log_step < self.args.logging_steps:
+            return
+        if self.dist.active:
+            per_rank = self.dist.gather(metrics)
+            merged = {}
+            for key in dict.fromkeys(k for m in per_rank for k in m):
+                values = [m[key] for m in per_rank if key in m]
+                merged[key] = sum(values) if key.endswith("_per_second") else sum(values) / len(values)
+            metrics = merged
+        if metrics:
             self._last_log_step = step
+            self.tracker.log(metrics, step)
 
     # ---- evaluation -----------------------------------------------------------------------------
     def evaluate(self) -> dict:
@@ -272,8 +338,8 @@ class TrainerBase(CheckpointMixin):
                 prompts = [f(item) for f in self.formatters]
                 history = ([[] for _ in self.agents], [[] for _ in self.agents])
                 for turn in range(args.num_turns):
-                    texts = [sample(self._policy(i), self.tokenizers[i], prompts[i], 1, generation).texts[0]
-                             for i in range(self.num_agents)]
+                    policies = [self._policy(i) for i in range(self.num_agents)]
+                    texts = [c.texts[0] for c in sample_agents(policies, self.tokenizers, prompts, 1, generation)]
                     for i, text in enumerate(texts):
                         completions_log[i][n].append(text)
                     rewards[turn].append(self.eval_reward([[t] for t in texts], prompts=prompts,
@@ -303,7 +369,10 @@ class TrainerBase(CheckpointMixin):
 
     # ---- export ---------------------------------------------------------------------------------
     def save_model(self, output_dir: str | Path) -> Path:
-        """Export the trained models (seed layout) with a manifest; W&B runs are left open."""
+        """Export the trained models (seed layout) with a manifest; W&B runs are left open.
+
+        In a data-parallel job only rank 0 writes; every rank returns once the export is complete.
+        """
         info = {
             "trainer_class": self.trainer_class(),
             "algorithm": self.algorithm_name,
@@ -311,5 +380,7 @@ class TrainerBase(CheckpointMixin):
             "config": dataclasses.asdict(self.args),
             **self._export_info(),
         }
-        export_models(output_dir, self._export_entries(), info)
+        if self.dist.is_main:
+            export_models(output_dir, self._export_entries(), info)
+        self.dist.barrier()
         return Path(output_dir)

@@ -32,9 +32,11 @@ from ..checkpoint import (
 )
 from .data import dataset_fingerprint
 
-# Config fields that may change between a checkpoint and its resume.
+# Config fields that may change between a checkpoint and its resume. The batch sizes count per
+# process, so a resume on another number of processes may scale them to keep the global batch.
 PORTABLE_FIELDS = {"num_train_epochs", "num_iterations", "logging_steps", "eval_interval", "eval_num_samples",
-                   "verbose", "reward_model_device"}
+                   "verbose", "reward_model_device", "rollout_buffer_size", "train_batch_size",
+                   "agent_devices", "critic_devices", "reference_devices"}
 _CHECKPOINT_PREFIX = "checkpoint-"
 
 
@@ -118,6 +120,8 @@ class CheckpointMixin:
         if checkpoint_dir is None or not save:
             return
         path = self.save_checkpoint(checkpoint_dir / f"{_CHECKPOINT_PREFIX}{self.progress.sequence}")
+        if not self.dist.is_main:
+            return
         if self._on_checkpoint is not None:
             self._on_checkpoint(path)
         if total_limit is not None:
@@ -134,8 +138,13 @@ class CheckpointMixin:
         }
 
     def save_checkpoint(self, path: str | Path) -> Path:
-        """Write the complete training state to ``path`` atomically (staging dir, fsync, rename)."""
+        """Write the complete training state to ``path`` atomically (staging dir, fsync, rename).
+
+        Every rank of a data-parallel job calls it; rank 0 writes, with each rank's buffers, and the
+        others return once the checkpoint is published.
+        """
         path = Path(path)
+        runtime = self.dist.gather(self._runtime_state())
 
         def write(staging: Path) -> None:
             for role, modules in self._roles().items():
@@ -146,7 +155,7 @@ class CheckpointMixin:
             save_state(staging / "state.pt", {
                 "optimizers": {group: [o.state_dict() for o in opts] for group, opts in self._optimizer_groups().items()},
                 "rng": capture_rng(),
-                "runtime": self._runtime_state(),
+                "runtime": runtime,  # one state per rank
                 "history": self.history,
                 "callbacks": {name: obj.state_dict() for name, obj in self._callbacks.items()
                               if hasattr(obj, "state_dict")},
@@ -158,7 +167,9 @@ class CheckpointMixin:
                                "fingerprints": self._fingerprints(),
                            })
 
-        publish_dir(path, write)
+        if self.dist.is_main:
+            publish_dir(path, write)
+        self.dist.barrier()
         return path
 
     def load_checkpoint(self, path: str | Path) -> dict | None:
@@ -181,7 +192,11 @@ class CheckpointMixin:
                 opt.load_state_dict(saved)
         for name, saved in state["callbacks"].items():
             self._callbacks[name].load_state_dict(saved)
-        self._load_runtime_state(state["runtime"])
+        saved = state["runtime"]  # per rank; a different world size deals the saved ranks' buffers out
+        saved = [saved] if isinstance(saved, dict) else saved  # written before data parallelism
+        world, rank = self.dist.world_size, self.dist.rank
+        self._load_runtime_state(saved[rank] if len(saved) == world
+                                 else self._merge_runtime_states(saved, list(range(rank, len(saved), world))))
         self.tracker.history[:] = list(state["history"])
         self.progress = Progress(**meta["progress"])
         self.run_id = identity["run_id"]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..devices import check_device_spec
+
 
 def _name(config, field: str) -> str:
     return f"{type(config).__name__}.{field}"
@@ -52,6 +54,11 @@ def check_choice(config, field: str, aliases: dict[str, str]) -> None:
     setattr(config, field, aliases[key])
 
 
+def check_devices(config, field: str) -> None:
+    """Check a device setting's form (not the machine) and store its JSON form (``torch.device`` -> str)."""
+    setattr(config, field, check_device_spec(getattr(config, field), _name(config, field)))
+
+
 def check_bool(config, field: str) -> None:
     if not isinstance(getattr(config, field), bool):
         raise ValueError(f"{_name(config, field)} must be True or False, got {getattr(config, field)!r}.")
@@ -64,6 +71,11 @@ class TrainerConfig:
     Subclasses redeclare a field to change its default and extend ``__post_init__``.
     ``num_agents=None`` means "as the trainer resolves it"; ``seed``/``shuffle`` make the data
     order random but reproducible (the reference never shuffled and had no seed).
+
+    ``agent_devices``/``reference_devices`` place the agents and their KL reference models: None
+    (the trainer's device; references follow their agent), ``"auto"`` (agent i on ``cuda:i % n``,
+    the CPU without CUDA), one device for all, or a list with one device per agent. Whether the
+    devices exist and the list lengths are checked when the trainer is built, before any weights load.
     """
 
     num_train_epochs: int = 20
@@ -83,6 +95,8 @@ class TrainerConfig:
     advantage_normalization: bool = True
     reference_kl_enabled: bool = False
     reference_kl_coef: float = 0.1
+    agent_devices: str | list[str] | None = None
+    reference_devices: str | list[str] | None = None
     max_grad_norm: float | None = None
     eval_interval: int = 16
     eval_num_samples: int = 4
@@ -116,6 +130,8 @@ class TrainerConfig:
         check_int(self, "eval_num_samples", 0)
         check_int(self, "logging_steps", 1)
         check_int(self, "seed", 0)
+        check_devices(self, "agent_devices")
+        check_devices(self, "reference_devices")
         for field in ("external_prompt_passthrough", "advantage_normalization", "reference_kl_enabled",
                       "shuffle", "allow_shared_models", "verbose"):
             check_bool(self, field)

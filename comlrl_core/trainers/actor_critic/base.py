@@ -9,16 +9,14 @@ per turn), the critic on ``(target - V)^2`` (optionally clipped around the rollo
 
 from __future__ import annotations
 
-import copy
-import random
 import time
 from dataclasses import dataclass
 
 import torch
 
-from ...entities import load_agents, load_critics
+from ...entities import frozen_copy, load_agents, load_critics, place_entities
 from ...models import CausalLMWithValueHead
-from ...rollout import actor_batch, completion_logprobs, reference_kl, sample
+from ...rollout import actor_batch, completion_logprobs, reference_kl, sample_agents
 from ..base import TrainerBase
 from ..data import next_prompts
 from ..optim import adamw
@@ -54,11 +52,12 @@ def _state(sample) -> dict:
 
 
 def _value_loss(values: torch.Tensor, old: torch.Tensor, target: torch.Tensor, clip: float | None) -> torch.Tensor:
+    """The squared TD error summed over the samples (the update averages it over every rank's)."""
     loss = (target - values) ** 2
     if clip is not None:
         clipped = old + torch.clamp(values - old, -clip, clip)
         loss = torch.maximum(loss, (target - clipped) ** 2)
-    return loss.mean()
+    return loss.sum()
 
 
 def last_values(critic: CausalLMWithValueHead, sequences: list[torch.Tensor]) -> torch.Tensor:
@@ -107,20 +106,21 @@ class ActorCriticTrainerBase(TrainerBase):
         args = self.args
         shared_head = plan.critic_layout == "shared"
         hidden_dim, field = self._critic_head(plan)
+        placement = self.placement = place_entities(plan, args, default=self.device, data_parallel=self.dist.active)
         # Value heads are initialised from the seed, so two trainers built alike start identical.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(args.seed)
-            self.agents = load_agents(plan, self.device, value_head=shared_head,
+            self.agents = load_agents(plan, placement.agents, value_head=shared_head,
                                       value_head_hidden_dim=getattr(args, "value_head_hidden_dim", None),
                                       field="IACConfig.value_head_hidden_dim")
-            self.critics = load_critics(plan, [self.device] * len(plan.critic_sources),
+            self.critics = load_critics(plan, placement.critics,
                                         value_head_hidden_dim=hidden_dim, field=field)
         self.shared_head = shared_head
         for module in [*self.agents, *self.critics]:
             module.train()
         self.reference_models = []
         if args.reference_kl_enabled:
-            self.reference_models = [copy.deepcopy(self._policy(i)).eval().requires_grad_(False)
+            self.reference_models = [frozen_copy(self._policy(i), placement.references[i])
                                      for i in range(self.num_agents)]
         self.agent_optimizers = [adamw(a.parameters(), lr=args.agent_learning_rate) for a in self.agents]
         self.critic_optimizers = [adamw(c.parameters(), lr=args.critic_lr) for c in self.critics]
@@ -168,7 +168,9 @@ class ActorCriticTrainerBase(TrainerBase):
         return values, inputs
 
     # ---- rollout --------------------------------------------------------------------------------
-    def _train_item(self, item: dict, generation: dict) -> None:
+    def _train_item(self, item: dict | None, generation: dict) -> dict:
+        if item is None:  # a rank left without an item still joins the updates
+            return self._update_full_buffers()
         args = self.args
         started = time.perf_counter()
         n, k = self.num_agents, args.num_generations
@@ -176,7 +178,7 @@ class ActorCriticTrainerBase(TrainerBase):
         history = ([[] for _ in range(n)], [[] for _ in range(n)])
         turns, tokens, kls = [], 0, []
         for turn in range(args.num_turns):
-            completions = [sample(self._policy(i), self.tokenizers[i], prompts[i], k, generation) for i in range(n)]
+            completions = sample_agents([self._policy(i) for i in range(n)], self.tokenizers, prompts, k, generation)
             tokens += sum(int(c.mask.sum()) for c in completions)
             values, critic_inputs = self._rollout_values(prompts, completions)
             rewards = self.reward([c.texts for c in completions], prompts=list(prompts), batch_items=[item])
@@ -217,7 +219,7 @@ class ActorCriticTrainerBase(TrainerBase):
         elapsed = time.perf_counter() - started
         metrics["generated_tokens_per_second"] = tokens / max(elapsed, 1e-9)
         metrics["step_seconds"] = elapsed
-        self._log_train(metrics)
+        return metrics
 
     def _store(self, turns: list[dict]) -> None:
         """One-step TD targets from the rollout-time values, then samples into the buffers."""
@@ -239,42 +241,42 @@ class ActorCriticTrainerBase(TrainerBase):
 
     # ---- updates --------------------------------------------------------------------------------
     def _update_full_buffers(self, force: bool = False) -> dict:
-        size = 1 if force else self.args.rollout_buffer_size
+        """Update every actor and critic whose buffer is full on all ranks together (``force``: non-empty)."""
+        size = 1 if force else self.args.rollout_buffer_size * self.dist.world_size
+        counts = self.dist.sum([len(b) for b in [*self.actor_buffers, *self.critic_buffers]])
         metrics = {}
-        for i, buffer in enumerate(self.actor_buffers):
-            if len(buffer) >= size:
+        for i, n in enumerate(counts[:len(self.actor_buffers)]):
+            if n >= size:
                 metrics.update(self._update_actor(i))
-        for c, buffer in enumerate(self.critic_buffers):
-            if len(buffer) >= size:
+        for c, n in enumerate(counts[len(self.actor_buffers):]):
+            if n >= size:
                 metrics.update(self._update_critic(c))
         return metrics
 
-    def _batches(self, buffer: list) -> list[list]:
-        """Per turn, shuffled mini-batches of ``train_batch_size`` samples."""
-        batches = []
-        for turn in sorted({s.turn for s in buffer}):
-            group = [s for s in buffer if s.turn == turn]
-            random.shuffle(group)
-            batches += [group[i:i + self.args.train_batch_size] for i in range(0, len(group), self.args.train_batch_size)]
-        return batches
-
     def _normalised(self, buffer: list[ActorSample]) -> dict[int, float]:
-        """Advantages normalised over each turn's group (mean 0, std 1) when enabled."""
+        """Advantages normalised over each turn's group on all ranks (mean 0, std 1) when enabled."""
         out = {}
+        everyone = [pair for rank in self.dist.gather([(s.turn, s.advantage) for s in buffer]) for pair in rank]
         for turn in {s.turn for s in buffer}:
             group = [s for s in buffer if s.turn == turn]
             adv = torch.tensor([s.advantage for s in group], dtype=torch.float64)
-            if self.args.advantage_normalization and len(group) > 1:
-                adv = (adv - adv.mean()) / adv.std(unbiased=False).clamp_min(1e-6)
+            if self.args.advantage_normalization:
+                every = torch.tensor([a for t, a in everyone if t == turn], dtype=torch.float64)
+                if len(every) > 1:
+                    adv = (adv - every.mean()) / every.std(unbiased=False).clamp_min(1e-6)
             out.update({id(s): float(a) for s, a in zip(group, adv)})
         return out
 
-    def _step(self, optimizer, module, loss: torch.Tensor, what: str) -> None:
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"{what}: non-finite loss ({loss.item()}); lower the learning rates or "
-                                     "check the rewards.")
+    def _step(self, optimizer, module, loss: torch.Tensor | None, count: int, what: str) -> None:
+        """Backpropagate this rank's loss (a sum over its samples), average the gradient over the
+        ``count`` samples of every rank, clip and step."""
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if loss is not None:
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"{what}: non-finite loss ({loss.item()}); lower the learning rates or "
+                                         "check the rewards.")
+            loss.backward()
+        self.dist.average_gradients(list(module.parameters()), count)
         if self.args.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(module.parameters(), self.args.max_grad_norm)
         optimizer.step()
@@ -286,51 +288,59 @@ class ActorCriticTrainerBase(TrainerBase):
         agent = self.agents[i]
         device = next(agent.parameters()).device
         policy_losses, value_losses = [], []
-        for batch in self._batches(buffer):  # one right-padded forward per mini-batch
-            rows = actor_batch([(s.prompt_ids, s.completion_ids, s.mask) for s in batch])
-            input_ids, attention = rows.input_ids.to(device), rows.attention_mask.to(device)
-            if self.shared_head:
-                out = agent(input_ids, attention)
-                logits = out.logits
-                ends = rows.starts - 1 + (rows.mask.sum(dim=1) if args.critic_type == "q" else 0)
-                values = out.values[torch.arange(len(batch), device=device), ends.to(device)]
-            else:
-                logits = agent(input_ids=input_ids, attention_mask=attention, use_cache=False).logits
-            logp = completion_logprobs(logits, rows).sum(dim=1)
-            advantage = torch.tensor([advantages[id(s)] for s in batch], device=device)
-            loss = (-logp * advantage).mean()
-            policy_losses.append(loss.item())
-            if self.shared_head:
-                value_loss = _value_loss(values.float(), torch.tensor([s.old_value for s in batch], device=device),
-                                         torch.tensor([s.target for s in batch], device=device), args.value_clip_range)
-                value_losses.append(value_loss.item())
-                loss = loss + args.value_loss_coef * value_loss
-            self._step(self.agent_optimizers[i], agent, loss, f"agent {i}")
+        for batch in self._minibatches(buffer):  # one right-padded forward per mini-batch
+            loss, policy, value = None, 0.0, 0.0
+            if batch:
+                rows = actor_batch([(s.prompt_ids, s.completion_ids, s.mask) for s in batch])
+                input_ids, attention = rows.input_ids.to(device), rows.attention_mask.to(device)
+                if self.shared_head:
+                    out = agent(input_ids, attention)
+                    logits = out.logits
+                    ends = rows.starts - 1 + (rows.mask.sum(dim=1) if args.critic_type == "q" else 0)
+                    values = out.values[torch.arange(len(batch), device=device), ends.to(device)]
+                else:
+                    logits = agent(input_ids=input_ids, attention_mask=attention, use_cache=False).logits
+                logp = completion_logprobs(logits, rows).sum(dim=1)
+                advantage = torch.tensor([advantages[id(s)] for s in batch], device=device)
+                loss = (-logp * advantage).sum()
+                policy = loss.item()
+                if self.shared_head:
+                    value_loss = _value_loss(values.float(), torch.tensor([s.old_value for s in batch], device=device),
+                                             torch.tensor([s.target for s in batch], device=device),
+                                             args.value_clip_range)
+                    value = value_loss.item()
+                    loss = loss + args.value_loss_coef * value_loss
+            count, policy, value = self.dist.sum([len(batch), policy, value])
+            policy_losses.append(policy / count)
+            value_losses.append(value / count)
+            self._step(self.agent_optimizers[i], agent, loss, count, f"agent {i}")
         metrics = {f"agent_{i}/policy_loss": sum(policy_losses) / len(policy_losses)}
-        if value_losses:
+        if self.shared_head:
             metrics[f"agent_{i}/value_loss"] = sum(value_losses) / len(value_losses)
         return metrics
 
     def _update_critic(self, c: int) -> dict:
-        """One optimizer step per mini-batch of this critic's samples."""
+        """One optimizer step per global mini-batch of this critic's samples."""
         args = self.args
         buffer, self.critic_buffers[c] = self.critic_buffers[c], []
         critic = self.critics[c]
         device = next(critic.parameters()).device
         losses = []
-        for batch in self._batches(buffer):
-            values = last_values(critic, [s.ids for s in batch]).float()
-            loss = args.value_loss_coef * _value_loss(values, torch.tensor([s.old_value for s in batch], device=device),
-                                                      torch.tensor([s.target for s in batch], device=device),
-                                                      args.value_clip_range)
-            self._step(self.critic_optimizers[c], critic, loss, f"critic {c}")
-            losses.append(loss.item())
+        for batch in self._minibatches(buffer):
+            loss, total = None, 0.0
+            if batch:
+                values = last_values(critic, [s.ids for s in batch]).float()
+                loss = args.value_loss_coef * _value_loss(
+                    values, torch.tensor([s.old_value for s in batch], device=device),
+                    torch.tensor([s.target for s in batch], device=device), args.value_clip_range)
+                total = loss.item()
+            count, total = self.dist.sum([len(batch), total])
+            losses.append(total / count)
+            self._step(self.critic_optimizers[c], critic, loss, count, f"critic {c}")
         return {f"critic_{c}/value_loss": sum(losses) / len(losses)}
 
-    def _end_epoch(self) -> None:
-        metrics = self._update_full_buffers(force=True)
-        if metrics:
-            self._log_train(metrics)
+    def _end_epoch(self) -> dict:
+        return self._update_full_buffers(force=True)
 
     # ---- state ----------------------------------------------------------------------------------
     def _roles(self) -> dict:
@@ -348,6 +358,12 @@ class ActorCriticTrainerBase(TrainerBase):
         self.actor_buffers = [[ActorSample(**s) for s in b] for b in state["actor_buffers"]]
         self.critic_buffers = [[CriticSample(**s) for s in b] for b in state["critic_buffers"]]
         self._last_log_step = state["last_log_step"]
+
+    def _merge_runtime_states(self, states: list[dict], take: list[int]) -> dict:
+        merged = dict(states[0])
+        for key in ("actor_buffers", "critic_buffers"):
+            merged[key] = [sum((states[j][key][b] for j in take), []) for b in range(len(states[0][key]))]
+        return merged
 
     def _head_info(self, module) -> dict | None:
         head = getattr(module, "value_head", None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import TrainerConfig, check_bool, check_choice, check_float, check_int
+from ..config import TrainerConfig, check_bool, check_choice, check_devices, check_float, check_int
 
 CRITIC_TYPES = {"v": "v", "q": "q"}
 
@@ -17,6 +17,11 @@ class ActorCriticConfig(TrainerConfig):
     ``early_termination_threshold=None`` (trap defaults), ``critic_learning_rate=None`` falls back
     to the actor's rate in both trainers, and ``value_clip_range`` is opt-in and applies to every
     critic (the reference clipped only IAC's shared heads).
+
+    ``critic_devices`` places the separate critics like ``agent_devices`` places the agents (one
+    entry per critic: per agent for IAC, one for MAAC's central critic). None puts each IAC critic
+    on its agent's device and the MAAC critic on agent 0's; it must stay None when
+    ``use_separate_critic=False`` (the value heads live on their actors).
     """
 
     num_train_epochs: int = 40
@@ -26,6 +31,7 @@ class ActorCriticConfig(TrainerConfig):
     critic_type: str = "v"
     value_loss_coef: float = 0.6
     value_clip_range: float | None = None
+    critic_devices: str | list[str] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -36,6 +42,7 @@ class ActorCriticConfig(TrainerConfig):
         check_choice(self, "critic_type", CRITIC_TYPES)
         check_float(self, "value_loss_coef", low=0.0, low_open=True)
         check_float(self, "value_clip_range", low=0.0, low_open=True, optional=True)
+        check_devices(self, "critic_devices")
 
     @property
     def critic_lr(self) -> float:

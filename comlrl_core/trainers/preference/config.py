@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ..actor_critic.config import CRITIC_TYPES
-from ..config import TrainerConfig, check_bool, check_choice, check_float, check_int
+from ..config import TrainerConfig, check_bool, check_choice, check_devices, check_float, check_int
 from ..reinforce.config import JOINT_MODES
 
 # rl_algorithm -> (backend, advantage_mode for the MAGRPO family)
@@ -24,6 +26,11 @@ class MARLHFConfig(TrainerConfig):
     critic and value-head options reach every backend (MAAC included); ``reward_eval_fraction``
     holds pairs out to report the reward model's accuracy; ``preference_output_dir`` (off by
     default) writes each preference set as JSONL.
+
+    Devices: ``agent_devices``, ``reference_devices`` and ``critic_devices`` go to the RL backend
+    (see ``TrainerConfig`` and ``ActorCriticConfig``). ``reward_model_device`` is one device, None
+    (agent 0's device) or ``"auto"`` (the CUDA device after the agents', round-robin; the CPU
+    without CUDA); whether it exists is checked when the trainer is built.
     """
 
     rl_algorithm: str = "magrpo"
@@ -43,6 +50,7 @@ class MARLHFConfig(TrainerConfig):
     reward_eval_fraction: float = 0.0
     critic_model_name: str | None = None
     critic_learning_rate: float | None = None
+    critic_devices: str | list[str] | None = None
     use_separate_critic: bool = True
     critic_type: str = "v"
     value_loss_coef: float = 0.6
@@ -79,6 +87,9 @@ class MARLHFConfig(TrainerConfig):
         check_float(self, "value_clip_range", low=0.0, low_open=True, optional=True)
         check_int(self, "value_head_hidden_dim", 1, optional=True)
         check_int(self, "critic_value_head_hidden_dim", 1, optional=True)
+        check_devices(self, "critic_devices")
+        if isinstance(self.reward_model_device, torch.device):  # the config is stored as JSON
+            self.reward_model_device = str(self.reward_model_device)
         for field in ("reward_model_name", "critic_model_name", "preference_output_dir"):
             value = getattr(self, field)
             if value is not None and (not isinstance(value, str) or not value):

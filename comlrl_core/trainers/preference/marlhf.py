@@ -18,6 +18,7 @@ from its source and collecting fresh preferences with the current policy each ti
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import random
 import tempfile
@@ -27,9 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from ...checkpoint import METADATA, CheckpointError
-from ...entities import load_reward_model
+from ...entities import load_reward_model, place_entities
 from ...export import ExportEntry
-from ...rollout import sample
+from ...rollout import sample_agents
 from ..actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from ..base import TrainerBase
 from ..checkpointing import Progress
@@ -72,6 +73,7 @@ class MARLHFTrainer(TrainerBase):
             extra_callbacks={"metrics_callback": metrics_callback},
         )
         self.plan = plan
+        self.placement = place_entities(plan, self.args, default=self.device, data_parallel=self.dist.active)
         self.reward_model = None
         self.reward_tokenizer = None
         self.reward_optimizer = None
@@ -100,7 +102,8 @@ class MARLHFTrainer(TrainerBase):
         args = self.args
         shared = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainerConfig)}
         critic = dict(critic_learning_rate=args.critic_learning_rate, critic_type=args.critic_type,
-                      value_loss_coef=args.value_loss_coef, value_clip_range=args.value_clip_range)
+                      value_loss_coef=args.value_loss_coef, value_clip_range=args.value_clip_range,
+                      critic_devices=args.critic_devices)
         if args.backend == "magrpo":
             config = MAGRPOConfig(**shared, joint_mode="aligned", advantage_mode=RL_ALGORITHMS[args.rl_algorithm][1])
             return MAGRPOTrainer(**common, eval_logger=eval_logger, eval_aggregator=eval_aggregator, args=config)
@@ -129,11 +132,29 @@ class MARLHFTrainer(TrainerBase):
         and keep the selected strictly-better pairs; raises if every candidate tied."""
         args = self.args
         generation = self._generation or self._generation_kwargs({})
+        records = self._synced_step(lambda: self._collect(generation))
+        if not records:
+            raise ValueError(f"{type(self).__name__}: every candidate tied under reward_func, so there are no "
+                             "preference pairs; raise preference_num_candidates or use a finer reward.")
+        self.preferences = PreferenceSet(records)
+        directory = self._output_dir() if self.dist.is_main else None
+        if directory is not None:
+            self.preferences.save(directory, name=f"preferences-iteration-{self.progress.iteration + 1:04d}")
+        self.tracker.log({"preferences/num_pairs": len(records),
+                          "preferences/candidate_reward_mean": sum(r["candidate_reward_mean"] for r in records)
+                          / len(records)}, self.progress.env_step)
+        return self.preferences
+
+    def _collect(self, generation: dict) -> list[dict]:
+        """Every rank's pairs, in item order; in a data-parallel job each rank samples every world_size-th item."""
+        args = self.args
         records = []
-        for index, item in epoch_items(self.train_dataset, self.progress.iteration, args.seed, False, 0):
+        items = epoch_items(self.train_dataset, self.progress.iteration, args.seed, False, 0)
+        for index, item in itertools.islice(items, self.dist.rank, None, self.dist.world_size):
+            self._seed_item("collect", self.progress.iteration, index)
             prompts = [f(item) for f in self.formatters]
-            candidates = [sample(self.policy._policy(i), self.tokenizers[i], prompts[i],
-                                 args.preference_num_candidates, generation) for i in range(self.num_agents)]
+            policies = [self.policy._policy(i) for i in range(self.num_agents)]
+            candidates = sample_agents(policies, self.tokenizers, prompts, args.preference_num_candidates, generation)
             rewards = self.reward([c.texts for c in candidates], prompts=prompts, batch_items=[item])
             self.progress.env_step += len(rewards)
             mean = sum(rewards) / len(rewards)
@@ -144,17 +165,7 @@ class MARLHFTrainer(TrainerBase):
                     "loser_completions": [c.texts[l] for c in candidates],
                     "winner_reward": rewards[w], "loser_reward": rewards[l], "candidate_reward_mean": mean,
                 })
-        if not records:
-            raise ValueError(f"{type(self).__name__}: every candidate tied under reward_func, so there are no "
-                             "preference pairs; raise preference_num_candidates or use a finer reward.")
-        self.preferences = PreferenceSet(records)
-        directory = self._output_dir()
-        if directory is not None:
-            self.preferences.save(directory, name=f"preferences-iteration-{self.progress.iteration + 1:04d}")
-        self.tracker.log({"preferences/num_pairs": len(records),
-                          "preferences/candidate_reward_mean": sum(r["candidate_reward_mean"] for r in records)
-                          / len(records)}, self.progress.env_step)
-        return self.preferences
+        return sorted((r for rank in self.dist.gather(records) for r in rank), key=lambda r: r["item"])
 
     def _output_dir(self) -> Path | None:
         """``preference_output_dir``; a non-empty one gets a fresh ``resume-*``/``run-*`` subdirectory."""
@@ -171,7 +182,7 @@ class MARLHFTrainer(TrainerBase):
     def _init_reward_model(self) -> None:
         """A fresh reward model from its source (never warm-started), with its own tokenizer."""
         self.reward_model, self.reward_tokenizer = load_reward_model(
-            self.plan, self.device, freeze_backbone=self.args.reward_freeze_backbone)
+            self.plan, self.placement.reward, freeze_backbone=self.args.reward_freeze_backbone)
         trainable = [p for p in self.reward_model.parameters() if p.requires_grad]
         self.reward_optimizer = adamw(trainable, lr=self.args.reward_learning_rate)
 
@@ -195,6 +206,7 @@ class MARLHFTrainer(TrainerBase):
         if preferences is None or not preferences.records:
             raise ValueError("fit_reward_model needs preference pairs; run collect_preferences() first.")
         self.preferences = preferences
+        self._seed_item("fit", self.progress.iteration)  # every rank fits the same model on the same pairs
         self._init_reward_model()
         train, held_out = preferences.split(args.reward_eval_fraction, args.seed + self.progress.iteration)
         self.reward_model.train()
@@ -238,11 +250,14 @@ class MARLHFTrainer(TrainerBase):
         return float((margins > 0).float().mean())
 
     # ---- stage 3: policy ------------------------------------------------------------------------
-    def _train_item(self, item: dict, generation: dict) -> None:
-        self.policy._train_item(item, generation)
+    def _train_item(self, item: dict | None, generation: dict) -> dict:
+        return self.policy._train_item(item, generation)
 
-    def _end_epoch(self) -> None:
-        self.policy._end_epoch()
+    def _end_epoch(self) -> dict:
+        return self.policy._end_epoch()
+
+    def _log_train(self, metrics: dict) -> None:
+        self.policy._log_train(metrics)  # the backend's last-logged step is what checkpoints keep
 
     def evaluate(self) -> dict:
         self._link()
@@ -301,6 +316,9 @@ class MARLHFTrainer(TrainerBase):
         return {"policy": self.policy._runtime_state(),
                 "preferences": None if self.preferences is None else self.preferences.records,
                 "reward_metrics": self.reward_metrics}
+
+    def _merge_runtime_states(self, states: list[dict], take: list[int]) -> dict:
+        return {**states[0], "policy": self.policy._merge_runtime_states([s["policy"] for s in states], take)}
 
     def _load_runtime_state(self, state: dict) -> None:
         self.policy._load_runtime_state(state["policy"])

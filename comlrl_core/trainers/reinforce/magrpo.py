@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import copy
 import itertools
-import random
 import time
 from dataclasses import dataclass
 
 import torch
 
-from ...entities import load_agents
+from ...entities import frozen_copy, load_agents, place_entities
 from ...export import ExportEntry
-from ...rollout import reference_kl, sample, sequence_logprobs
+from ...rollout import reference_kl, sample_agents, sequence_logprobs
 from ..base import TrainerBase
 from ..data import next_prompts
 from ..optim import adamw
@@ -75,12 +74,13 @@ class MAGRPOTrainer(TrainerBase):
                            eval_dataset=eval_dataset, reward_func=reward_func, reward_processor=reward_processor,
                            formatters=formatters, external_transition=external_transition,
                            wandb_config=wandb_config, eval_logger=eval_logger, eval_aggregator=eval_aggregator)
-        self.agents = load_agents(plan, self.device)
+        self.placement = place_entities(plan, self.args, default=self.device, data_parallel=self.dist.active)
+        self.agents = load_agents(plan, self.placement.agents)
         for agent in self.agents:
             agent.train()
         self.reference_models = []
         if self.args.reference_kl_enabled:
-            self.reference_models = [copy.deepcopy(a).eval().requires_grad_(False) for a in self.agents]
+            self.reference_models = [frozen_copy(a, d) for a, d in zip(self.agents, self.placement.references)]
         self.optimizers = [adamw(a.parameters(), lr=self.args.agent_learning_rate) for a in self.agents]
         self.buffers: list[list[NodeSample]] = [[] for _ in self.agents]
 
@@ -95,8 +95,7 @@ class MAGRPOTrainer(TrainerBase):
         """Expand one node; returns the discounted return of each of its joint samples."""
         args = self.args
         k = args.num_generations
-        completions = [sample(self.agents[i], self.tokenizers[i], prompts[i], k, generation)
-                       for i in range(self.num_agents)]
+        completions = sample_agents(self.agents, self.tokenizers, prompts, k, generation)
         stats["tokens"] += sum(int(c.mask.sum()) for c in completions)
         joint = self._joint_indices()
         texts = [[completions[i].texts[j[i]] for j in joint] for i in range(self.num_agents)]
@@ -129,62 +128,64 @@ class MAGRPOTrainer(TrainerBase):
 
     # ---- update ---------------------------------------------------------------------------------
     def _update(self, agent_index: int) -> list[float]:
-        """Train one agent on its buffer: per turn, shuffled mini-batches of ``train_batch_size`` samples."""
+        """Train one agent on its buffer: per turn, shuffled mini-batches of ``train_batch_size`` samples.
+
+        In a data-parallel job the global mini-batch is every rank's j-th one: each rank backpropagates
+        its samples, and the optimizer steps on the gradient averaged over all of them.
+        """
         args = self.args
         agent, optimizer = self.agents[agent_index], self.optimizers[agent_index]
         buffer, self.buffers[agent_index] = self.buffers[agent_index], []
         losses = []
-        for turn in sorted({s.turn for s in buffer}):
-            group = [s for s in buffer if s.turn == turn]
-            random.shuffle(group)
-            for start in range(0, len(group), args.train_batch_size):
-                batch = group[start:start + args.train_batch_size]
-                optimizer.zero_grad(set_to_none=True)
-                total = 0.0
-                for s in batch:
-                    adv = group_advantages(s.returns, args.advantage_mode, args.advantage_normalization)
-                    logp = sequence_logprobs(agent, s.prompt_ids, s.completion_ids, s.mask)
-                    loss = -(adv.to(logp.device) * logp).mean() / len(batch)
-                    if not torch.isfinite(loss):
-                        raise FloatingPointError(f"agent {agent_index}: non-finite policy loss ({loss.item()}); "
-                                                 "lower agent_learning_rate or check the rewards.")
-                    loss.backward()
-                    total += loss.item()
-                if args.max_grad_norm is not None:
-                    torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
-                losses.append(total)
+        for batch in self._minibatches(buffer):
+            optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for s in batch:
+                adv = group_advantages(s.returns, args.advantage_mode, args.advantage_normalization)
+                logp = sequence_logprobs(agent, s.prompt_ids, s.completion_ids, s.mask)
+                loss = -(adv.to(logp.device) * logp).mean()
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"agent {agent_index}: non-finite policy loss ({loss.item()}); "
+                                             "lower agent_learning_rate or check the rewards.")
+                loss.backward()
+                total += loss.item()
+            count, total = self.dist.sum([len(batch), total])
+            self.dist.average_gradients(list(agent.parameters()), count)
+            if args.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
+            losses.append(total / count)
         return losses
 
-    def _train_item(self, item: dict, generation: dict) -> None:
+    def _train_item(self, item: dict | None, generation: dict) -> dict:
         started = time.perf_counter()
-        stats = {"rewards": {}, "returns": {}, "kl": [], "tokens": 0}
-        samples: list[NodeSample] = []
-        prompts = [f(item) for f in self.formatters]
-        empty = [[] for _ in range(self.num_agents)]
-        self._node(item, prompts, 0, (empty, copy.deepcopy(empty)), generation, samples, stats)
-        rollout_seconds = time.perf_counter() - started
-        for s in samples:
-            self.buffers[s.agent].append(s)
-        losses = {}
-        for i, buffer in enumerate(self.buffers):
-            if len(buffer) >= self.args.rollout_buffer_size:
-                losses[i] = self._update(i)
-        metrics = {f"agent_{i}/loss": sum(v) / len(v) for i, v in losses.items() if v}
-        for turn, values in stats["rewards"].items():
-            metrics[f"turn_{turn + 1}/reward_mean"] = sum(values) / len(values)
-        for turn, values in stats["returns"].items():
-            metrics[f"turn_{turn + 1}/expected_return"] = sum(values) / len(values)
-        if stats["kl"]:
-            metrics["reference_kl_mean"] = sum(stats["kl"]) / len(stats["kl"])
-        metrics["generated_tokens_per_second"] = stats["tokens"] / max(rollout_seconds, 1e-9)
-        metrics["step_seconds"] = time.perf_counter() - started
-        self._log_train(metrics)
+        metrics = {}
+        if item is not None:
+            stats = {"rewards": {}, "returns": {}, "kl": [], "tokens": 0}
+            samples: list[NodeSample] = []
+            prompts = [f(item) for f in self.formatters]
+            empty = [[] for _ in range(self.num_agents)]
+            self._node(item, prompts, 0, (empty, copy.deepcopy(empty)), generation, samples, stats)
+            rollout_seconds = time.perf_counter() - started
+            for s in samples:
+                self.buffers[s.agent].append(s)
+            for turn, values in stats["rewards"].items():
+                metrics[f"turn_{turn + 1}/reward_mean"] = sum(values) / len(values)
+            for turn, values in stats["returns"].items():
+                metrics[f"turn_{turn + 1}/expected_return"] = sum(values) / len(values)
+            if stats["kl"]:
+                metrics["reference_kl_mean"] = sum(stats["kl"]) / len(stats["kl"])
+            metrics["generated_tokens_per_second"] = stats["tokens"] / max(rollout_seconds, 1e-9)
+        full = self.args.rollout_buffer_size * self.dist.world_size  # buffers fill on every rank
+        losses = {i: self._update(i) for i, n in enumerate(self.dist.sum([len(b) for b in self.buffers])) if n >= full}
+        metrics.update({f"agent_{i}/loss": sum(v) / len(v) for i, v in losses.items() if v})
+        if item is not None:
+            metrics["step_seconds"] = time.perf_counter() - started
+        return metrics
 
-    def _end_epoch(self) -> None:
-        losses = {i: self._update(i) for i, buffer in enumerate(self.buffers) if buffer}
-        if any(losses.values()):
-            self._log_train({f"agent_{i}/loss": sum(v) / len(v) for i, v in losses.items() if v})
+    def _end_epoch(self) -> dict:
+        losses = {i: self._update(i) for i, n in enumerate(self.dist.sum([len(b) for b in self.buffers])) if n}
+        return {f"agent_{i}/loss": sum(v) / len(v) for i, v in losses.items() if v}
 
     # ---- state and export -----------------------------------------------------------------------
     def _roles(self) -> dict:
@@ -200,6 +201,10 @@ class MAGRPOTrainer(TrainerBase):
     def _load_runtime_state(self, state: dict) -> None:
         self.buffers = [[NodeSample(**s) for s in buffer] for buffer in state["buffers"]]
         self._last_log_step = state["last_log_step"]
+
+    def _merge_runtime_states(self, states: list[dict], take: list[int]) -> dict:
+        buffers = [sum((states[j]["buffers"][i] for j in take), []) for i in range(self.num_agents)]
+        return {**states[0], "buffers": buffers}
 
     def _export_entries(self) -> list[ExportEntry]:
         return [ExportEntry(f"agent_{i}", agent, self.tokenizers[i]) for i, agent in enumerate(self.agents)]
