@@ -19,6 +19,7 @@ from comlrl_core import distributed
 from comlrl_core.environments import length_ratio_dataset, length_ratio_reward
 from comlrl_core.trainers import base, checkpointing
 from comlrl_core.trainers.actor_critic import IACConfig, IACTrainer
+from comlrl_core.trainers.preference import MARLHFConfig, MARLHFTrainer
 from comlrl_core.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 
 COMMON = dict(num_agents=2, max_new_tokens=6, num_generations=2, agent_learning_rate=1e-2, temperature=1.0,
@@ -26,18 +27,26 @@ COMMON = dict(num_agents=2, max_new_tokens=6, num_generations=2, agent_learning_
 
 
 def build(job: dict):
-    """The job's trainer: MAGRPO on two qwen2-tiny agents, or IAC with separate llama-tiny critics."""
+    """The job's trainer on two qwen2-tiny agents: MAGRPO, MARLHF (MAGRPO backend), or IAC with separate
+    llama-tiny critics."""
     models, data = job["models"], length_ratio_dataset(job.get("items", 4))
     if job["algorithm"] == "magrpo":
         return MAGRPOTrainer(agent_model=models["qwen2-tiny"], reward_func=length_ratio_reward, train_dataset=data,
                              wandb_config=job.get("wandb"), args=MAGRPOConfig(**COMMON, **job["config"]))
+    if job["algorithm"] == "marlhf":
+        config = MARLHFConfig(**COMMON, reward_model_device=None, preference_num_candidates=4,
+                              preference_pairs_per_sample=4, reward_train_batch_size=4, reward_learning_rate=1e-3,
+                              **job["config"])
+        return MARLHFTrainer(agent_model=models["qwen2-tiny"], reward_func=length_ratio_reward, train_dataset=data,
+                             args=config)
     return IACTrainer(agent_model=models["qwen2-tiny"], critic_model=models["llama-tiny"],
                       reward_func=length_ratio_reward, train_dataset=data, wandb_config=job.get("wandb"),
                       args=IACConfig(**COMMON, use_separate_critic=True, critic_learning_rate=1e-3, **job["config"]))
 
 
 def modules(trainer) -> dict[str, torch.Tensor]:
-    roles = {"agents": trainer.agents, "critics": getattr(trainer, "critics", [])}
+    roles = {"agents": trainer.agents, "critics": getattr(trainer, "critics", []),
+             "reward_model": [trainer.reward_model] if getattr(trainer, "reward_model", None) else []}
     return {f"{role}.{i}.{name}": t.detach().cpu().clone()
             for role, ms in roles.items() for i, m in enumerate(ms) for name, t in m.state_dict().items()}
 

@@ -181,6 +181,8 @@ class TrainerBase(CheckpointMixin):
         ``resume_from_checkpoint`` is a checkpoint directory or ``"latest"`` (the newest valid one in
         ``checkpoint_dir``). ``on_checkpoint(path)`` is called after each checkpoint is published
         (the pipeline uploads it). Extra keyword arguments go to ``generate``. Returns the last metrics.
+        Under ``accelerate launch``/``torchrun`` every process calls this with the same arguments: each
+        trains on its share of the items, and only rank 0 writes (see ``comlrl_core.distributed``).
         """
         if on_checkpoint is not None and not callable(on_checkpoint):
             raise TypeError("on_checkpoint must be a callable taking the checkpoint path, or None.")
