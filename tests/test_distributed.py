@@ -132,12 +132,16 @@ def test_buffered_samples_of_a_mid_epoch_checkpoint_are_dealt_to_the_new_process
 
 
 def test_marlhf_two_processes_collect_fit_and_train_like_one(tiny_models, tmp_path):
-    """Preference collection sharded and gathered in item order, the same reward model fitted on every
-    process, then data-parallel policy training: as one process with the doubled batch."""
+    """Preference collection sharded and gathered in item order, each reward-model mini-batch split over
+    the processes, then data-parallel policy training: as one process with the doubled batch."""
     base = {"algorithm": "marlhf", "models": tiny_models}
     one = launch(tmp_path / "one", {**base, "config": {"rollout_buffer_size": 2, "num_train_epochs": 1}}, 1)
     two = launch(tmp_path / "two", {**base, "config": {"rollout_buffer_size": 1, "num_train_epochs": 1}}, 2)
     assert any(k.startswith("reward_model.") for k in two["weights"])
-    assert_same_training(one["weights"], two["weights"], tiny_models["qwen2-tiny"])
+    # A Bradley-Terry margin cancels the head's bias, so its gradient is float noise that Adam turns into
+    # steps of the learning rate; it cannot change a margin or a MAGRPO advantage, so it is not compared.
+    shift = "reward_model.0.reward_head.bias"
+    assert_same_training({k: v for k, v in one["weights"].items() if k != shift},
+                         {k: v for k, v in two["weights"].items() if k != shift}, tiny_models["qwen2-tiny"])
     pairs = [[h["preferences/num_pairs"] for h in run["history"] if "preferences/num_pairs" in h] for run in (one, two)]
     assert pairs[0] == pairs[1] and pairs[0][0] > 0  # every process's pairs were gathered

@@ -199,7 +199,9 @@ class MARLHFTrainer(TrainerBase):
         """Bradley-Terry fit on the preference pairs; returns loss and train/held-out pair accuracy.
 
         Train accuracy is the last epoch's, each pair scored just before its own update step, so it
-        costs no extra pass over the pairs; held-out accuracy is measured after the fit.
+        costs no extra pass over the pairs; held-out accuracy is measured after the fit. In a
+        data-parallel job every process holds all the pairs and scores its share of each mini-batch;
+        the gradient is averaged over the whole mini-batch, so the fit does not depend on the world size.
         """
         args = self.args
         preferences = preferences or self.preferences
@@ -216,17 +218,22 @@ class MARLHFTrainer(TrainerBase):
             random.shuffle(order)
             ranked_right = 0  # in this epoch, each pair measured just before its own update: no extra pass
             for start in range(0, len(order), args.reward_train_batch_size):
-                batch = order[start:start + args.reward_train_batch_size]
-                margin = self._margins(batch)
-                ranked_right += int((margin.detach() > 0).sum())
-                loss = -F.logsigmoid(margin).mean()
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"reward model: non-finite loss ({loss.item()}); lower "
-                                             "reward_learning_rate.")
+                mine = order[start:start + args.reward_train_batch_size][self.dist.rank::self.dist.world_size]
                 self.reward_optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                loss, right = torch.zeros(()), 0
+                if mine:
+                    margin = self._margins(mine)
+                    right = int((margin.detach() > 0).sum())
+                    loss = -F.logsigmoid(margin).sum()
+                    if not torch.isfinite(loss):
+                        raise FloatingPointError(f"reward model: non-finite loss ({loss.item()}); lower "
+                                                 "reward_learning_rate.")
+                    loss.backward()
+                count, total, right = self.dist.sum([len(mine), loss.item(), right])
+                self.dist.average_gradients(list(self.reward_model.parameters()), count)
                 self.reward_optimizer.step()
-                losses.append(loss.item())
+                ranked_right += int(right)
+                losses.append(total / count)
         self.reward_model.eval()
         metrics = {"reward_model/train_loss": sum(losses) / len(losses), "reward_model/train_pairs": len(train),
                    "reward_model/train_accuracy": ranked_right / len(train)}
