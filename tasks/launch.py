@@ -30,12 +30,13 @@ def accelerate_command(num_processes: int, target: list[str]) -> list[str]:
             "--main_process_port", str(free_port()), *target]
 
 
-def run_streaming(command: list[str], log: Callable[[str], None], env: dict | None = None) -> None:
+def run_streaming(command: list[str], log: Callable[[str], None]) -> None:
     """Run ``command``, passing each line it prints to ``log`` as it comes; a non-zero exit raises
-    ``RuntimeError`` with the last lines, so the caller (a Prefect task) fails and can retry."""
+    ``RuntimeError`` with the last lines, so the calling Prefect task fails (a flow retry or rerun
+    then resumes the stage from its last uploaded checkpoint)."""
     tail: list[str] = []
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                          env={**os.environ, **(env or {})}) as process:
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          bufsize=1) as process:
         for line in process.stdout:
             line = line.rstrip()
             log(line)

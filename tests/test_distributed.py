@@ -35,7 +35,7 @@ def launch(tmp: Path, job: dict, processes: int) -> dict:
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     ranks = [json.loads((tmp / f"rank-{r}.json").read_text()) for r in range(processes)]
     return {"ranks": ranks, "weights": load_file(tmp / "final.safetensors"),
-            "history": json.loads((tmp / "history.json").read_text()), "dir": tmp}
+            "history": json.loads((tmp / "history.json").read_text())}
 
 
 def max_difference(a: dict, b: dict) -> float:
