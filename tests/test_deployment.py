@@ -5,7 +5,6 @@ S3-compatible server on loopback, and a failed run retried with ``prefect flow-r
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,15 +15,11 @@ import pytest
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from tasks.launch import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 PREFECT = str(BIN / "prefect")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(url: str, seconds: float) -> None:

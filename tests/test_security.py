@@ -6,7 +6,6 @@ import json
 import os
 import pickle
 import shutil
-import socket
 import tempfile
 import traceback
 import urllib.request
@@ -29,6 +28,7 @@ from comlrl_core.storage import LocalStorage, StorageError, open_storage, safe_k
 from comlrl_core.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 from flows.cli import demo_spec
 from flows.pipeline import train_pipeline
+from tasks.launch import free_port
 from tasks.spec import RunSpec
 from tasks.stages import _initial_export, initial_agents
 
@@ -71,12 +71,6 @@ class Scan:
         for path in files:
             self.text(str(path), path.read_bytes())
         return len(files)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _prefect_records() -> list[tuple[str, str]]:
@@ -143,7 +137,7 @@ def test_no_credentials_in_any_output(tiny_models, tmp_path, monkeypatch, capfd,
         finally:
             auth_after(b"inf")
         scan.text("wrong-credentials StorageError", _error_text(denied.value))
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")  # nothing listens there
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     with pytest.raises(StorageError, match="after 1 attempts") as unreachable:
         open_storage(spec.storage).put_text("probe", "x")
     scan.text("unreachable-endpoint StorageError", _error_text(unreachable.value))
@@ -172,7 +166,7 @@ def test_no_credentials_in_any_output(tiny_models, tmp_path, monkeypatch, capfd,
 
 def test_credentials_in_the_endpoint_url_stay_out_of_errors(monkeypatch):
     secret = _sentinels()["AWS_SECRET_ACCESS_KEY"]
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://minio:{secret}@127.0.0.1:{_free_port()}")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://minio:{secret}@127.0.0.1:{free_port()}")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     with pytest.raises((StorageError, ValueError)) as error:
         open_storage(f"s3://{BUCKET}/runs").get_text("probe")

@@ -67,10 +67,15 @@ class TrainerBase(CheckpointMixin):
     def _load_runtime_state(self, state: dict) -> None:
         pass
 
+    _buffer_keys: tuple[str, ...] = ()  # runtime-state entries holding per-rank sample buffers (one list each)
+
     def _merge_runtime_states(self, states: list[dict], take: list[int]) -> dict:
         """This rank's runtime state when resuming at another world size: the shared parts of
         ``states[0]`` with the buffered samples of the saved ranks ``take`` (possibly none)."""
-        return states[0]
+        merged = dict(states[0])
+        for key in self._buffer_keys:
+            merged[key] = [sum((states[j][key][b] for j in take), []) for b in range(len(states[0][key]))]
+        return merged
 
     def _export_entries(self) -> list[ExportEntry]:
         raise NotImplementedError

@@ -84,6 +84,8 @@ class ActorCriticTrainerBase(TrainerBase):
     """The IAC/MAAC constructor and loop; subclasses give the critic layout (``_entity_options``), the
     critic head's size (``_critic_head``) and what the critics read (``_critic_inputs``)."""
 
+    _buffer_keys = ("actor_buffers", "critic_buffers")
+
     def __init__(self, agent_model=None, critic_model=None, tokenizer=None, reward_func=None, reward_processor=None,
                  formatters=None, args=None, train_dataset=None, eval_dataset=None, model_config=None,
                  wandb_config=None, metrics_callback=None, external_transition=None, agents=None, critics=None,
@@ -358,12 +360,6 @@ class ActorCriticTrainerBase(TrainerBase):
         self.actor_buffers = [[ActorSample(**s) for s in b] for b in state["actor_buffers"]]
         self.critic_buffers = [[CriticSample(**s) for s in b] for b in state["critic_buffers"]]
         self._last_log_step = state["last_log_step"]
-
-    def _merge_runtime_states(self, states: list[dict], take: list[int]) -> dict:
-        merged = dict(states[0])
-        for key in ("actor_buffers", "critic_buffers"):
-            merged[key] = [sum((states[j][key][b] for j in take), []) for b in range(len(states[0][key]))]
-        return merged
 
     def _head_info(self, module) -> dict | None:
         head = getattr(module, "value_head", None)

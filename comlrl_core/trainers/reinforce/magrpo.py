@@ -65,6 +65,7 @@ class MAGRPOTrainer(TrainerBase):
 
     algorithm_name = "MAGRPO"
     config_class = MAGRPOConfig
+    _buffer_keys = ("buffers",)
 
     def __init__(self, agent_model=None, agents=None, num_agents=None, tokenizer=None, model_config=None,
                  train_dataset=None, eval_dataset=None, reward_func=None, reward_processor=None, formatters=None,
@@ -201,10 +202,6 @@ class MAGRPOTrainer(TrainerBase):
     def _load_runtime_state(self, state: dict) -> None:
         self.buffers = [[NodeSample(**s) for s in buffer] for buffer in state["buffers"]]
         self._last_log_step = state["last_log_step"]
-
-    def _merge_runtime_states(self, states: list[dict], take: list[int]) -> dict:
-        buffers = [sum((states[j]["buffers"][i] for j in take), []) for i in range(self.num_agents)]
-        return {**states[0], "buffers": buffers}
 
     def _export_entries(self) -> list[ExportEntry]:
         return [ExportEntry(f"agent_{i}", agent, self.tokenizers[i]) for i, agent in enumerate(self.agents)]
