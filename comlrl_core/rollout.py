@@ -173,28 +173,20 @@ def completion_logprobs(logits: torch.Tensor, batch: ActorBatch) -> torch.Tensor
     return picked * batch.mask.to(device)
 
 
-def token_logprobs(model: nn.Module, prompt_ids: torch.Tensor, completion_ids: torch.Tensor,
-                   mask: torch.Tensor) -> torch.Tensor:
-    """log pi(token | prefix) for each of K completions of one prompt, zero outside ``mask``: [K, T],
-    one batched forward. Gradients flow when called outside ``inference_mode``/``no_grad``.
-    """
+def token_logprobs(model: nn.Module, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """log pi(token | prefix) of each ``(prompt_ids, completion_ids, mask)`` row's completion, zero
+    outside its mask: [B, T], one right-padded forward. Gradients flow outside ``inference_mode``."""
     device = next(model.parameters()).device
-    batch = actor_batch([(prompt_ids, c, m) for c, m in zip(completion_ids, mask)])
+    batch = actor_batch(rows)
     logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
                    use_cache=False).logits
     return completion_logprobs(logits, batch)
 
 
-def sequence_logprobs(model: nn.Module, prompt_ids: torch.Tensor, completion_ids: torch.Tensor,
-                      mask: torch.Tensor) -> torch.Tensor:
-    """Sum of each completion's token log-probs over its mask: [K]."""
-    return token_logprobs(model, prompt_ids, completion_ids, mask).sum(dim=1)
-
-
 @torch.inference_mode()
 def reference_kl(policy: nn.Module, reference: nn.Module, completions: Completions) -> list[float]:
     """Per-sequence k3 estimate of KL(policy || reference), summed over the completion's tokens."""
-    args = (completions.prompt_ids, completions.completion_ids, completions.mask)
-    log_ratio = token_logprobs(reference, *args).cpu() - token_logprobs(policy, *args).cpu()
+    rows = [(completions.prompt_ids, c, m) for c, m in zip(completions.completion_ids, completions.mask)]
+    log_ratio = token_logprobs(reference, rows).cpu() - token_logprobs(policy, rows).cpu()
     per_token = (torch.exp(log_ratio) - log_ratio - 1) * completions.mask
     return per_token.sum(dim=1).tolist()

@@ -73,3 +73,33 @@ def test_steps_aside_for_what_it_does_not_reproduce(model):
     finally:
         hook.remove()
     assert lean_sample(model, prompt, 2, generation, 1) is not None
+
+
+def test_a_large_weight_takes_the_transposed_product_and_it_equals_f_linear():
+    from comlrl_core.decoding import _Projection
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(384, 640), torch.nn.Linear(384, 128, bias=False)]
+    fused = _Projection(layers)
+    assert fused.transposed and not _Projection([torch.nn.Linear(32, 64)]).transposed
+    weight = torch.cat([m.weight for m in layers])
+    bias = torch.cat([layers[0].bias, torch.zeros(128)])
+    for rows in range(1, 11):
+        x = torch.randn(rows, 1, 384)
+        got = fused(x)
+        assert got.shape == (rows, 1, 768) and got.is_contiguous()
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_same_tokens_as_generate_on_a_model_wide_enough_for_the_transposed_product():
+    """The tiny models' weights are too small for ``weight @ x.T``; this one's layers take it."""
+    from comlrl_core.tiny_models import TOKENIZERS, TinyModelSpec, build_model, build_tokenizer
+
+    spec = TinyModelSpec("qwen2-wide", "qwen2", "shared", 384, 1, 6, 2, 1024)
+    model = build_model(spec, build_tokenizer(TOKENIZERS["shared"]), seed=3)
+    for seed, generation in enumerate(SETTINGS):
+        prompt = torch.randint(5, 200, (1, 4 + seed), generator=torch.Generator().manual_seed(seed))
+        torch.manual_seed(seed)
+        expected = _generate(model, prompt, 4, generation)
+        torch.manual_seed(seed)
+        assert torch.equal(lean_sample(model, prompt, 4, generation, 1), expected)

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from comlrl_core.rewards import RewardFunction
-from comlrl_core.rollout import actor_batch, completion_logprobs, completion_mask, sample, sequence_logprobs
+from comlrl_core.rollout import actor_batch, completion_logprobs, completion_mask, sample, token_logprobs
 from comlrl_core.trainers.reinforce.magrpo import group_advantages
 
 TEXTS = [["a", "bb"], ["ccc", "d"]]
@@ -80,7 +80,7 @@ def test_logprobs_exclude_padding_and_prompt(tiny_models):
     prompt = torch.tensor([5, 6, 7])
     completion = torch.tensor([[8, 9, 0, 1, 1]])
     mask = completion_mask(completion, {0})
-    got = sequence_logprobs(model, prompt, completion, mask)
+    got = token_logprobs(model, [(prompt, completion[0], mask[0])]).sum(dim=1)
     logits = model(input_ids=torch.tensor([[5, 6, 7, 8, 9, 0]])).logits[0].log_softmax(-1)
     manual = logits[2, 8] + logits[3, 9] + logits[4, 0]
     torch.testing.assert_close(got[0], manual)
@@ -106,7 +106,7 @@ def test_advantage_modes_stay_distinct_under_normalisation():
 
 def test_padded_batch_rows_score_as_they_do_alone(tiny_models):
     """Rows with different prompt and completion lengths in one right-padded forward: each row's
-    log-probs and gradients match its own forward (what the actor-critic update relies on)."""
+    log-probs and gradients match its own forward (what the MAGRPO and actor-critic updates rely on)."""
     model = AutoModelForCausalLM.from_pretrained(tiny_models["llama-tiny"])
     rows = [(torch.tensor([5, 6, 7]), torch.tensor([8, 9, 0, 1]), torch.tensor([True, True, True, False])),
             (torch.tensor([11, 12, 13, 14, 15, 16]), torch.tensor([17, 18]), torch.tensor([True, True])),
@@ -117,7 +117,7 @@ def test_padded_batch_rows_score_as_they_do_alone(tiny_models):
     together.sum().backward()
     batched_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    alone = torch.stack([sequence_logprobs(model, p, c[None], m[None])[0] for p, c, m in rows])
+    alone = torch.stack([token_logprobs(model, [row])[0].sum() for row in rows])
     alone.sum().backward()
     torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
     for batched, single in zip(batched_grads, (p.grad for p in model.parameters())):

@@ -17,7 +17,7 @@ import torch
 
 from ...entities import frozen_copy, load_agents, place_entities
 from ...export import ExportEntry
-from ...rollout import reference_kl, sample_agents, sequence_logprobs
+from ...rollout import reference_kl, sample_agents, token_logprobs
 from ..base import TrainerBase
 from ..data import next_prompts
 from ..optim import adamw
@@ -129,32 +129,28 @@ class MAGRPOTrainer(TrainerBase):
 
     # ---- update ---------------------------------------------------------------------------------
     def _update(self, agent_index: int) -> list[float]:
-        """Train one agent on its buffer: per turn, shuffled mini-batches of ``train_batch_size`` samples.
+        """Train one agent on its buffer: per turn, shuffled mini-batches of ``train_batch_size`` samples,
+        each one right-padded forward over every completion of its samples.
 
-        In a data-parallel job the global mini-batch is every rank's j-th one: each rank backpropagates
-        its samples, and the optimizer steps on the gradient averaged over all of them.
+        A sample's loss is the mean over its K completions and a mini-batch's the sum over its samples,
+        averaged over every rank's samples: in a data-parallel job the global mini-batch is every
+        rank's j-th one.
         """
         args = self.args
-        agent, optimizer = self.agents[agent_index], self.optimizers[agent_index]
+        agent = self.agents[agent_index]
         buffer, self.buffers[agent_index] = self.buffers[agent_index], []
         losses = []
         for batch in self._minibatches(buffer):
-            optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            for s in batch:
-                adv = group_advantages(s.returns, args.advantage_mode, args.advantage_normalization)
-                logp = sequence_logprobs(agent, s.prompt_ids, s.completion_ids, s.mask)
-                loss = -(adv.to(logp.device) * logp).mean()
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"agent {agent_index}: non-finite policy loss ({loss.item()}); "
-                                             "lower agent_learning_rate or check the rewards.")
-                loss.backward()
-                total += loss.item()
+            loss, total = None, 0.0
+            if batch:
+                rows = [(s.prompt_ids, c, m) for s in batch for c, m in zip(s.completion_ids, s.mask)]
+                logp = token_logprobs(agent, rows).sum(dim=1)
+                weights = torch.cat([group_advantages(s.returns, args.advantage_mode, args.advantage_normalization)
+                                     / len(s.returns) for s in batch])
+                loss = -(weights.to(logp.device) * logp).sum()
+                total = loss.item()
             count, total = self.dist.sum([len(batch), total])
-            self.dist.average_gradients(list(agent.parameters()), count)
-            if args.max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-            optimizer.step()
+            self._step(self.optimizers[agent_index], agent, loss, count, f"agent {agent_index}")
             losses.append(total / count)
         return losses
 
