@@ -7,6 +7,10 @@ weight once per token step) and of its bf16 matmul throughput (2 FLOPs per param
 token, 6 per trained token) that the run reaches. ``--peak-tb-s``/``--peak-tflops`` default to an
 H200 (4.8 TB/s, 989 dense bf16 TFLOP/s). The trainer takes the default device (the first GPU);
 ``--allow-cpu --layers 2`` checks the script on a machine without one.
+
+It then times one agent's update pass (forward and backward) over K completions of one prompt, the
+prompt run once vs within the full rows, for several prompt lengths: the figures that set
+``rollout._SHARING_PAYS_FROM`` for this device type (where running the prompt once starts to pay).
 """
 
 from __future__ import annotations
@@ -17,6 +21,38 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+
+def sharing_crossover(model, k: int, width: int, prompt_lengths: list[int], synchronize) -> list[dict]:
+    """Shared-prompt ÷ full-rows time of ``token_logprobs`` plus backward, per prompt length."""
+    import torch
+
+    from comlrl_core import rollout
+
+    device_type = next(model.parameters()).device.type
+    thresholds = dict(rollout._SHARING_PAYS_FROM)
+    figures = []
+    for length in prompt_lengths:
+        prompt = torch.randint(5, 400, (length,))
+        rows = [(prompt, torch.randint(5, 400, (width,)), torch.ones(width, dtype=torch.bool)) for _ in range(k)]
+        seconds = {}
+        for name, pays_from in (("full", float("inf")), ("shared", 0)):
+            rollout._SHARING_PAYS_FROM[device_type] = pays_from  # force one path
+            runs = []
+            for _ in range(4):
+                model.zero_grad()
+                synchronize()
+                start = time.perf_counter()
+                rollout.token_logprobs(model, rows).sum().backward()
+                synchronize()
+                runs.append(time.perf_counter() - start)
+            seconds[name] = sorted(runs[1:])[1]  # median of 3 after a warm-up
+        figures.append({"prompt_tokens": length, "saved_tokens": (k - 1) * (length - 1),
+                        "full_s": round(seconds["full"], 4),
+                        "shared_over_full": round(seconds["shared"] / seconds["full"], 3)})
+    rollout._SHARING_PAYS_FROM.clear()
+    rollout._SHARING_PAYS_FROM.update(thresholds)
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from benchmarks.measure import Meter
+    from comlrl_core import rollout
     from comlrl_core.environments import length_ratio_dataset, length_ratio_reward
     from comlrl_core.tiny_models import TOKENIZERS, TinyModelSpec, build_model, build_tokenizer
     from comlrl_core.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
@@ -59,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                           max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=None,
                           agent_learning_rate=1e-6, rollout_buffer_size=1, eval_interval=0, verbose=False),
     )
-    meter = Meter()
+    meter = Meter(rollout, "generate_ids")  # the sampler's entry point (generate only as its fallback)
     synchronize = torch.cuda.synchronize if cuda else (lambda: None)
     synchronize()
     start = time.perf_counter()
@@ -83,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         figures["peak_gpu_memory_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
     print(json.dumps(figures))
+    crossover = sharing_crossover(trainer.agents[0], args.num_generations, args.max_new_tokens, [16, 64, 256],
+                                  synchronize)
+    print(json.dumps({"prompt_run_once_vs_full_rows": crossover}))
     return 0
 
 

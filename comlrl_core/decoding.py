@@ -147,13 +147,13 @@ class _Decoder:
         batch, length = ids.shape
         end = start + length
         cos, sin = self.cos[..., start:end, :], self.sin[..., start:end, :]
-        sizes = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
         x = self.body.embed_tokens(ids)
         for layer, (keys, values) in zip(self.layers, self.cache):
-            q, k, v = layer.qkv(layer.input_norm(x)).split(sizes, dim=-1)
-            q = _rotate(q.view(batch, length, self.heads, self.head_dim).transpose(1, 2), cos, sin)
-            keys[:, :, start:end] = _rotate(k.view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
-            values[:, :, start:end] = v.view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+            heads = layer.qkv(layer.input_norm(x)).view(batch, length, self.heads + 2 * self.kv_heads, self.head_dim)
+            qk, v = heads.split([self.heads + self.kv_heads, self.kv_heads], dim=2)
+            q, k = _rotate(qk.transpose(1, 2), cos, sin).split([self.heads, self.kv_heads], dim=1)  # q and k at once
+            keys[:, :, start:end] = k
+            values[:, :, start:end] = v.transpose(1, 2)
             attended = F.scaled_dot_product_attention(q, keys[:batch, :, :end], values[:batch, :, :end],
                                                       is_causal=length > 1, scale=self.scale,
                                                       enable_gqa=self.heads != self.kv_heads)

@@ -1,8 +1,11 @@
 """The benchmark harness runs a case end to end and reports every figure (no timing is asserted)."""
 
 import json
+import os
+import subprocess
+import sys
 
-from benchmarks.run import main, table
+from benchmarks.run import ROOT, main, table
 
 
 def test_the_harness_runs_a_case_and_reports_its_figures(tmp_path, capsys):
@@ -24,3 +27,17 @@ def test_the_table_compares_both_implementations():
             {"case": "d", "impl": "reference", "error": "exit 1: boom"}]
     text = table(rows)
     assert "| c | 3.00× | 0.80 |" in text and "error: exit 1: boom" in text
+
+
+def test_the_gpu_script_runs_on_a_cpu_when_allowed():
+    """The prepared GPU script checked end to end on one layer, in its own process (its meter wraps
+    the sampler for good); its figures are not asserted."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--allow-cpu", "--layers", "1", "--steps", "1",
+                           "--num-generations", "2", "--max-new-tokens", "4"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "WANDB_MODE": "disabled"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    run, crossover = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert run["generated_tokens"] > 0 and run["generate_tok_s"] > 0  # the sampler's calls were timed
+    assert {"decode_bandwidth_fraction", "bf16_throughput_fraction"} <= run.keys()
+    assert [c["prompt_tokens"] for c in crossover["prompt_run_once_vs_full_rows"]] == [16, 64, 256]
+    assert all(c["shared_over_full"] > 0 for c in crossover["prompt_run_once_vs_full_rows"])

@@ -44,16 +44,17 @@ def max_difference(a: dict, b: dict) -> float:
 
 
 def assert_same_training(a: dict, b: dict, start_dir: str) -> None:
-    """``a`` and ``b`` trained alike: apart by under 0.5% of how far training moved agent 0.
+    """``a`` and ``b`` trained alike: apart by under 1% of how far training moved agent 0.
 
-    Float sums in another order (a gradient summed over ranks, batches padded to other lengths)
-    differ in the last bits, and Adam's normalised step can turn such a difference in a near-zero
-    gradient into a visible fraction of the learning rate; a logic error moves weights by far more.
+    Float sums in another order (a gradient summed over ranks, batches padded to other lengths, a
+    rank's smaller mini-batch running its prompts within the full rows instead of once) differ in
+    the last bits, and Adam's normalised step can turn such a difference in a near-zero gradient
+    into a visible fraction of the learning rate; a logic error moves weights by far more.
     """
     start = load_file(Path(start_dir) / "model.safetensors")
     moved = max_difference(start, {k: a[f"agents.0.{k}"] for k in start})
     assert moved > 1e-3  # training did move the weights
-    assert max_difference(a, b) < 5e-3 * moved
+    assert max_difference(a, b) < 1e-2 * moved
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import torch
 
 from ...entities import frozen_copy, load_agents, load_critics, place_entities
 from ...models import CausalLMWithValueHead
-from ...rollout import actor_batch, completion_logprobs, reference_kl, sample_agents
+from ...rollout import actor_batch, completion_logprobs, reference_kl, right_pad, sample_agents, token_logprobs
 from ..base import TrainerBase
 from ..data import next_prompts
 from ..optim import adamw
@@ -69,12 +69,7 @@ def last_values(critic: CausalLMWithValueHead, sequences: list[torch.Tensor]) ->
     first: dict[tuple, int] = {}
     rows = [first.setdefault(tuple(s.tolist()), len(first)) for s in sequences]
     unique = [torch.tensor(key, dtype=torch.long) for key in first]
-    length = max(s.shape[0] for s in unique)
-    ids = torch.zeros(len(unique), length, dtype=torch.long)
-    attention = torch.zeros(len(unique), length, dtype=torch.long)
-    for row, seq in enumerate(unique):
-        ids[row, : seq.shape[0]] = seq
-        attention[row, : seq.shape[0]] = 1
+    ids, attention = right_pad(unique)
     values = critic(ids.to(device), attention.to(device), compute_logits=False).values
     last = torch.tensor([s.shape[0] - 1 for s in unique], device=device)
     return values[torch.arange(len(unique), device=device), last][torch.tensor(rows, device=device)]
@@ -276,19 +271,18 @@ class ActorCriticTrainerBase(TrainerBase):
         agent = self.agents[i]
         device = next(agent.parameters()).device
         policy_losses, value_losses = [], []
-        for batch in self._minibatches(buffer):  # one right-padded forward per mini-batch
+        for batch in self._minibatches(buffer):  # one batched pass per mini-batch
             loss, policy, value = None, 0.0, 0.0
             if batch:
-                rows = actor_batch([(s.prompt_ids, s.completion_ids, s.mask) for s in batch])
-                input_ids, attention = rows.input_ids.to(device), rows.attention_mask.to(device)
-                if self.shared_head:
-                    out = agent(input_ids, attention)
-                    logits = out.logits
-                    ends = rows.starts - 1 + (rows.mask.sum(dim=1) if args.critic_type == "q" else 0)
+                rows = [(s.prompt_ids, s.completion_ids, s.mask) for s in batch]
+                if self.shared_head:  # log-probs and values from one forward of the full rows
+                    padded = actor_batch(rows)
+                    out = agent(padded.input_ids.to(device), padded.attention_mask.to(device))
+                    logp = completion_logprobs(out.logits, padded).sum(dim=1)
+                    ends = padded.starts - 1 + (padded.mask.sum(dim=1) if args.critic_type == "q" else 0)
                     values = out.values[torch.arange(len(batch), device=device), ends.to(device)]
-                else:
-                    logits = agent(input_ids=input_ids, attention_mask=attention, use_cache=False).logits
-                logp = completion_logprobs(logits, rows).sum(dim=1)
+                else:  # rows sharing a prompt run it once
+                    logp = token_logprobs(agent, rows).sum(dim=1)
                 advantage = torch.tensor([advantages[id(s)] for s in batch], device=device)
                 loss = (-logp * advantage).sum()
                 policy = loss.item()
