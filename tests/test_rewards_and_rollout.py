@@ -154,6 +154,9 @@ def test_rows_sharing_a_prompt_run_it_once_and_score_as_they_do_alone(tiny_model
     seen = _forward_batches(model)
     shared = token_logprobs(model, rows)
     assert seen == [3, 6] and shared.shape == (6, 6)
+    with torch.inference_mode():  # as the reference KL runs it
+        torch.testing.assert_close(token_logprobs(model, rows), shared.detach())
+    del seen[2:]
     weights = torch.linspace(-1.0, 2.0, 6)
     (weights * shared.sum(dim=1)).sum().backward()
     shared_grads = [p.grad.clone() for p in model.parameters()]
