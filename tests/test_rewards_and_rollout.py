@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, MistralConfig, MistralForCausalLM
 
 from comlrl_core import rollout
 from comlrl_core.rewards import RewardFunction
@@ -138,12 +138,20 @@ def _shared_prompt(extra: int = 0) -> torch.Tensor:
     return torch.arange(5, 6 + rollout._SHARING_PAYS_FROM["cpu"] + extra)
 
 
-@pytest.mark.parametrize("name", ["qwen2-tiny", "llama-tiny"])
+def _mistral(sliding_window: int) -> MistralForCausalLM:
+    torch.manual_seed(0)
+    return MistralForCausalLM(MistralConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2,
+                                            sliding_window=sliding_window))
+
+
+@pytest.mark.parametrize("name", ["qwen2-tiny", "llama-tiny", "mistral"])
 def test_rows_sharing_a_prompt_run_it_once_and_score_as_they_do_alone(tiny_models, name):
     """A sample's K completions share its prompt: the prompts run once (one forward of the distinct
     prompts, one of the completions on their cache) and each row's log-probs and gradients still
-    match its own full forward, whatever the prompt lengths, completion widths and EOS masks."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_models[name])
+    match its own full forward, whatever the prompt lengths, completion widths and EOS masks
+    (Mistral: with a sliding window longer than the rows)."""
+    model = _mistral(64) if name == "mistral" else AutoModelForCausalLM.from_pretrained(tiny_models[name])
     a, b, c = _shared_prompt(3), torch.tensor([11, 12]), torch.tensor([30, 31, 32])
     rows = [(a, torch.tensor([8, 9, 0, 1]), torch.tensor([True, True, True, False])),
             (b, torch.tensor([17, 18, 19]), torch.tensor([True, True, True])),
@@ -171,8 +179,9 @@ def test_rows_sharing_a_prompt_run_it_once_and_score_as_they_do_alone(tiny_model
 
 
 def test_prompts_are_shared_only_where_it_pays_and_equals_the_full_forward(tiny_models):
-    """Too few prompt tokens saved to pay for a second pass, one-token prompts and gradient
-    checkpointing (which turns the cache off) take one forward of the full rows."""
+    """Too few prompt tokens saved to pay for a second pass, one-token prompts, a sliding window
+    shorter than the rows and gradient checkpointing (which turns the cache off) take one forward of
+    the full rows."""
     model = AutoModelForCausalLM.from_pretrained(tiny_models["qwen2-tiny"])
     seen = _forward_batches(model)
     completion, keep = torch.tensor([6, 7]), torch.tensor([True, True])
@@ -180,6 +189,10 @@ def test_prompts_are_shared_only_where_it_pays_and_equals_the_full_forward(tiny_
     token_logprobs(model, [(long, completion, keep)] * 2)
     token_logprobs(model, [(short, completion, keep)] * 2)
     token_logprobs(model, [(one, completion, keep)] * 40)
+    windowed = _mistral(len(long) + 1)  # shorter than prompt + completion
+    seen_windowed = _forward_batches(windowed)
+    token_logprobs(windowed, [(long, completion, keep)] * 2)
+    assert seen_windowed == [2]
     model.activation_checkpointing_enable()
     model.train()
     token_logprobs(model, [(long, completion, keep)] * 2)
