@@ -133,6 +133,13 @@ def _completions(model: nn.Module, tokenizer: PreTrainedTokenizerBase, encoded, 
     return Completions(out[0, :prompt_len], completion_ids, mask, texts)
 
 
+def distinct(sequences: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The distinct sequences in first-seen order, and each input's index among them [B]."""
+    first: dict[tuple, int] = {}
+    index = [first.setdefault(tuple(s.tolist()), len(first)) for s in sequences]
+    return [torch.tensor(key, dtype=sequences[0].dtype) for key in first], torch.tensor(index)
+
+
 def right_pad(sequences: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequences of any lengths as one zero-padded [B, L] batch (their dtype) and its 0/1 presence mask."""
     length = max(s.shape[0] for s in sequences)
@@ -240,14 +247,12 @@ def token_logprobs(model: nn.Module, rows: list[tuple[torch.Tensor, torch.Tensor
     or where it is not known to hold (see ``_cache_keyword``), one right-padded forward of the full rows.
     """
     device = next(model.parameters()).device
-    distinct: dict[tuple, int] = {}
-    groups = [distinct.setdefault(tuple(p.tolist()), len(distinct)) for p, _, _ in rows]
-    saved = sum(len(p) - 1 for p, _, _ in rows) - sum(len(p) - 1 for p in distinct)
-    if saved >= _SHARING_PAYS_FROM.get(device.type, _SHARING_PAYS_FROM_ELSEWHERE) and min(map(len, distinct)) > 1:
+    prompts, groups = distinct([p for p, _, _ in rows])
+    saved = sum(len(p) - 1 for p, _, _ in rows) - sum(len(p) - 1 for p in prompts)
+    if saved >= _SHARING_PAYS_FROM.get(device.type, _SHARING_PAYS_FROM_ELSEWHERE) and min(map(len, prompts)) > 1:
         keyword = _cache_keyword(model, max(p.shape[0] + c.shape[0] for p, c, _ in rows))
         if keyword is not None:
-            prompts = [torch.tensor(p, dtype=rows[0][0].dtype) for p in distinct]
-            return _on_shared_prompts(model, rows, prompts, torch.tensor(groups), keyword)
+            return _on_shared_prompts(model, rows, prompts, groups, keyword)
     batch = actor_batch(rows)
     logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
                    use_cache=False).logits

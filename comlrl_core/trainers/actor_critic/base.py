@@ -16,7 +16,8 @@ import torch
 
 from ...entities import frozen_copy, load_agents, load_critics, place_entities
 from ...models import CausalLMWithValueHead
-from ...rollout import actor_batch, completion_logprobs, reference_kl, right_pad, sample_agents, token_logprobs
+from ...rollout import (actor_batch, completion_logprobs, distinct, reference_kl, right_pad, sample_agents,
+                        token_logprobs)
 from ..base import TrainerBase
 from ..data import next_prompts
 from ..optim import adamw
@@ -66,13 +67,11 @@ def last_values(critic: CausalLMWithValueHead, sequences: list[torch.Tensor]) ->
     Identical sequences (a V-critic sees one prompt for all its completions) are run once.
     """
     device = next(critic.parameters()).device
-    first: dict[tuple, int] = {}
-    rows = [first.setdefault(tuple(s.tolist()), len(first)) for s in sequences]
-    unique = [torch.tensor(key, dtype=torch.long) for key in first]
+    unique, rows = distinct(sequences)
     ids, attention = right_pad(unique)
     values = critic(ids.to(device), attention.to(device), compute_logits=False).values
     last = torch.tensor([s.shape[0] - 1 for s in unique], device=device)
-    return values[torch.arange(len(unique), device=device), last][torch.tensor(rows, device=device)]
+    return values[torch.arange(len(unique), device=device), last][rows.to(device)]
 
 
 class ActorCriticTrainerBase(TrainerBase):
