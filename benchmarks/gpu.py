@@ -10,7 +10,7 @@ H200 (4.8 TB/s, 989 dense bf16 TFLOP/s). The trainer takes the default device (t
 
 It then times one agent's update pass (forward and backward) over K completions of one prompt, the
 prompt run once vs within the full rows, for several prompt lengths: the figures that set
-``rollout._SHARING_PAYS_FROM`` for this device type (where running the prompt once starts to pay).
+``batching.PAYS_FROM`` for this device type (where running the prompt once starts to pay).
 """
 
 from __future__ import annotations
@@ -27,17 +27,17 @@ def sharing_crossover(model, k: int, width: int, prompt_lengths: list[int], sync
     """Shared-prompt ÷ full-rows time of ``token_logprobs`` plus backward, per prompt length."""
     import torch
 
-    from comlrl_core import rollout
+    from comlrl_core import batching, rollout
 
     device_type = next(model.parameters()).device.type
-    thresholds = dict(rollout._SHARING_PAYS_FROM)
+    thresholds = dict(batching.PAYS_FROM)
     figures = []
     for length in prompt_lengths:
         prompt = torch.randint(5, 400, (length,))
         rows = [(prompt, torch.randint(5, 400, (width,)), torch.ones(width, dtype=torch.bool)) for _ in range(k)]
         seconds = {}
         for name, pays_from in (("full", float("inf")), ("shared", 0)):
-            rollout._SHARING_PAYS_FROM[device_type] = pays_from  # force one path
+            batching.PAYS_FROM[device_type] = pays_from  # force one path
             runs = []
             for _ in range(4):
                 model.zero_grad()
@@ -50,8 +50,8 @@ def sharing_crossover(model, k: int, width: int, prompt_lengths: list[int], sync
         figures.append({"prompt_tokens": length, "saved_tokens": (k - 1) * (length - 1),
                         "full_s": round(seconds["full"], 4),
                         "shared_over_full": round(seconds["shared"] / seconds["full"], 3)})
-    rollout._SHARING_PAYS_FROM.clear()
-    rollout._SHARING_PAYS_FROM.update(thresholds)
+    batching.PAYS_FROM.clear()
+    batching.PAYS_FROM.update(thresholds)
     return figures
 
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import DynamicCache, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
+from .batching import forward_on_prefixes, right_pad, share_prefixes
 from .decoding import lean_sample
 
 
@@ -133,23 +133,6 @@ def _completions(model: nn.Module, tokenizer: PreTrainedTokenizerBase, encoded, 
     return Completions(out[0, :prompt_len], completion_ids, mask, texts)
 
 
-def distinct(sequences: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The distinct sequences in first-seen order, and each input's index among them [B]."""
-    first: dict[tuple, int] = {}
-    index = [first.setdefault(tuple(s.tolist()), len(first)) for s in sequences]
-    return [torch.tensor(key, dtype=sequences[0].dtype) for key in first], torch.tensor(index)
-
-
-def right_pad(sequences: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequences of any lengths as one zero-padded [B, L] batch (their dtype) and its 0/1 presence mask."""
-    length = max(s.shape[0] for s in sequences)
-    padded = torch.zeros(len(sequences), length, dtype=sequences[0].dtype)
-    present = torch.zeros(len(sequences), length, dtype=torch.long)
-    for b, s in enumerate(sequences):
-        padded[b, :s.shape[0]], present[b, :s.shape[0]] = s, 1
-    return padded, present
-
-
 @dataclass
 class ActorBatch:
     """Prompt + completion rows, right-padded into one forward pass.
@@ -184,79 +167,25 @@ def completion_logprobs(logits: torch.Tensor, batch: ActorBatch) -> torch.Tensor
     return picked * batch.mask.to(device)
 
 
-_PREFIX_SHARING = {"llama", "qwen2", "mistral"}  # decoders whose forward on a cache is tested equal to the full one
-# Running the prompts apart costs one more pass over the weights (read, weight gradient, its
-# accumulation): worth it from about this many prompt tokens saved. CPU: the crossover measured
-# with the 10M benchmark model (see the README); other devices: an estimate, launch- and
-# bandwidth-bound small passes on a GPU cost about as much as a few hundred tokens.
-_SHARING_PAYS_FROM = {"cpu": 32}
-_SHARING_PAYS_FROM_ELSEWHERE = 512
-
-
-def _cache_keyword(model: nn.Module, length: int) -> str | None:
-    """The forward's cache argument (``cache`` in newer transformers, ``past_key_values`` before), or
-    None where running a prompt once and its completions on its cache is not known to equal the full
-    forward of ``length`` tokens: other architectures, sliding windows shorter than that, gradient
-    checkpointing (which turns the cache off)."""
-    config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) not in _PREFIX_SHARING:
-        return None
-    if any(getattr(m, "gradient_checkpointing", False) for m in model.modules()):
-        return None
-    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
-        return None
-    window = getattr(config, "sliding_window", None)
-    if window is not None and length > window:
-        return None
-    parameters = inspect.signature(model.forward).parameters
-    return next((name for name in ("cache", "past_key_values") if name in parameters), None)
-
-
-def _on_shared_prompts(model: nn.Module, rows, prompts: list[torch.Tensor], groups: torch.Tensor,
-                       keyword: str) -> torch.Tensor:
-    """``token_logprobs`` with each distinct prompt run once: its first P-1 tokens fill a cache, which
-    is indexed out to the rows, and each row then runs [last prompt token, completion[:-1]] at
-    positions P-1.. on it, so every logit it needs comes from that second forward."""
-    device = next(model.parameters()).device
-    prefix_ids, prefix_mask = right_pad([p[:-1] for p in prompts])
-    completion_ids, _ = right_pad([c for _, c, _ in rows])
-    keep, _ = right_pad([m for _, _, m in rows])
-    width = completion_ids.shape[1]
-    last = torch.stack([p[-1] for p in prompts])[groups]
-    tail_ids = torch.cat([last[:, None], completion_ids[:, :-1]], dim=1)
-    # Causal attention never lets a kept token read the padding after an EOS, so no mask is needed there.
-    tail_mask = torch.cat([prefix_mask[groups], torch.ones(len(rows), width, dtype=torch.long)], dim=1)
-    positions = prefix_mask.sum(dim=1)[groups][:, None] + torch.arange(width)
-    cache = DynamicCache(config=model.config)
-    model(input_ids=prefix_ids.to(device), attention_mask=prefix_mask.to(device), use_cache=True, logits_to_keep=1,
-          **{keyword: cache})
-    cache.batch_select_indices(groups.to(device))
-    logits = model(input_ids=tail_ids.to(device), attention_mask=tail_mask.to(device),
-                   position_ids=positions.to(device), use_cache=True, **{keyword: cache}).logits
-    picked = torch.log_softmax(logits.float(), dim=-1).gather(-1, completion_ids.to(device)[..., None]).squeeze(-1)
-    return picked * keep.to(device)
-
-
 def token_logprobs(model: nn.Module, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """log pi(token | prefix) of each ``(prompt_ids, completion_ids, mask)`` row's completion, zero
     outside its mask: [B, T]. Gradients flow outside ``inference_mode``.
 
-    Rows that share a prompt (a sample's K completions) run it once, and their completions read its
-    keys and values: the arithmetic of the full rows without K-1 copies of the prompt (equal within
-    float rounding, tested), used where that saves enough tokens to pay for the second pass. Otherwise,
-    or where it is not known to hold (see ``_cache_keyword``), one right-padded forward of the full rows.
+    Rows whose prompts begin alike (a sample's K completions share all of it) run the common part
+    once and their remaining tokens on its cache (``batching.share_prefixes``: where that pays and
+    is known exact); otherwise one right-padded forward of the full rows.
     """
     device = next(model.parameters()).device
-    prompts, groups = distinct([p for p, _, _ in rows])
-    saved = sum(len(p) - 1 for p, _, _ in rows) - sum(len(p) - 1 for p in prompts)
-    if saved >= _SHARING_PAYS_FROM.get(device.type, _SHARING_PAYS_FROM_ELSEWHERE) and min(map(len, prompts)) > 1:
-        keyword = _cache_keyword(model, max(p.shape[0] + c.shape[0] for p, c, _ in rows))
-        if keyword is not None:
-            return _on_shared_prompts(model, rows, prompts, groups, keyword)
-    batch = actor_batch(rows)
-    logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
-                   use_cache=False).logits
-    return completion_logprobs(logits, batch)
+    shared = share_prefixes(model, [p for p, _, _ in rows], [len(p) - 1 for p, _, _ in rows],
+                            max(len(p) + len(c) for p, c, _ in rows))
+    if shared is None:
+        batch = actor_batch(rows)
+        logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
+                       use_cache=False).logits
+        return completion_logprobs(logits, batch)
+    tails = actor_batch([(p[n:], c, m) for (p, c, m), n in zip(rows, shared.lengths)])
+    logits = forward_on_prefixes(model, shared, tails.input_ids, tails.attention_mask, logits_to_keep=1).logits
+    return completion_logprobs(logits, tails)
 
 
 @torch.inference_mode()

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, MistralConfig, MistralForCausalLM
 
-from comlrl_core import rollout
+from comlrl_core import batching
 from comlrl_core.rewards import RewardFunction
 from comlrl_core.rollout import actor_batch, completion_logprobs, completion_mask, sample, token_logprobs
 from comlrl_core.trainers.reinforce.magrpo import group_advantages
@@ -135,7 +135,7 @@ def _forward_batches(model):
 
 def _shared_prompt(extra: int = 0) -> torch.Tensor:
     """A prompt long enough that two rows sharing it pass the CPU's sharing threshold."""
-    return torch.arange(5, 6 + rollout._SHARING_PAYS_FROM["cpu"] + extra)
+    return torch.arange(5, 6 + batching.PAYS_FROM["cpu"] + extra)
 
 
 def _mistral(sliding_window: int) -> MistralForCausalLM:

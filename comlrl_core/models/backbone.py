@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..batching import distinct, forward_on_prefixes, right_pad, share_prefixes
+
 
 def hidden_size(model: nn.Module) -> int:
     """Width of the backbone's last hidden state (``hidden_size``, ``n_embd`` or ``d_model``)."""
@@ -32,6 +34,27 @@ def last_hidden_state(model: nn.Module, input_ids: torch.Tensor, attention_mask:
         out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
         return out.hidden_states[-1]
     return body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+
+
+def last_token_scores(model: nn.Module, head: nn.Module, sequences: list[torch.Tensor]) -> torch.Tensor:
+    """A scalar ``head``'s output [B] at each token sequence's last token, as the sequence alone gives
+    it (within float rounding): identical sequences run once (and score identically), and common
+    prefixes (K completions' prompt, a winner's and its loser's joint prompt) once where that pays
+    (``batching.share_prefixes``)."""
+    device = next(model.parameters()).device
+    unique, index = distinct(sequences)
+    body = model.base_model
+    shared = None
+    if body is not model:
+        shared = share_prefixes(body, unique, [len(s) - 1 for s in unique], max(map(len, unique)))
+    if shared is None:
+        ids, present = right_pad(unique)
+        hidden = last_hidden_state(model, ids.to(device), present.to(device))
+    else:
+        ids, present = right_pad([s[n:] for s, n in zip(unique, shared.lengths)])
+        hidden = forward_on_prefixes(body, shared, ids, present).last_hidden_state
+    last = (present.sum(dim=1) - 1).to(device)
+    return head(hidden[torch.arange(len(unique), device=device), last]).reshape(len(unique))[index.to(device)]
 
 
 def param_dtype_device(model: nn.Module) -> tuple[torch.dtype, torch.device]:

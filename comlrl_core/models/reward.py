@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .backbone import hidden_size, last_hidden_state, param_dtype_device
+from .backbone import hidden_size, last_hidden_state, last_token_scores, param_dtype_device
 
 
 class JointRewardModel(nn.Module):
@@ -27,3 +27,8 @@ class JointRewardModel(nn.Module):
         last = (attention_mask.long() * positions).argmax(dim=1)
         pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
         return self.reward_head(pooled).squeeze(-1)
+
+    def score(self, sequences: list[torch.Tensor]) -> torch.Tensor:
+        """Scores [B] of token sequences of any lengths, each as ``forward`` scores it alone (within
+        float rounding), with repeats and common prefixes run once (``last_token_scores``)."""
+        return last_token_scores(self.backbone, self.reward_head, sequences)

@@ -16,8 +16,8 @@ import torch
 
 from ...entities import frozen_copy, load_agents, load_critics, place_entities
 from ...models import CausalLMWithValueHead
-from ...rollout import (actor_batch, completion_logprobs, distinct, reference_kl, right_pad, sample_agents,
-                        token_logprobs)
+from ...models.backbone import last_token_scores
+from ...rollout import actor_batch, completion_logprobs, reference_kl, sample_agents, token_logprobs
 from ..base import TrainerBase
 from ..data import next_prompts
 from ..optim import adamw
@@ -62,16 +62,9 @@ def _value_loss(values: torch.Tensor, old: torch.Tensor, target: torch.Tensor, c
 
 
 def last_values(critic: CausalLMWithValueHead, sequences: list[torch.Tensor]) -> torch.Tensor:
-    """The critic's value at the last token of each sequence [B], in one right-padded batch.
-
-    Identical sequences (a V-critic sees one prompt for all its completions) are run once.
-    """
-    device = next(critic.parameters()).device
-    unique, rows = distinct(sequences)
-    ids, attention = right_pad(unique)
-    values = critic(ids.to(device), attention.to(device), compute_logits=False).values
-    last = torch.tensor([s.shape[0] - 1 for s in unique], device=device)
-    return values[torch.arange(len(unique), device=device), last][rows.to(device)]
+    """The critic's value at the last token of each sequence [B]: one batch, with identical sequences
+    (a V-critic sees one prompt for all its completions) and common prefixes run once."""
+    return last_token_scores(critic.model, critic.value_head, sequences)
 
 
 class ActorCriticTrainerBase(TrainerBase):
@@ -150,18 +143,13 @@ class ActorCriticTrainerBase(TrainerBase):
         else:
             inputs = self._critic_inputs(prompts, completions)
             models = self.critics
-        values = []
-        with torch.inference_mode():
-            cache: dict[tuple[int, tuple], float] = {}
-            for rows in inputs:
-                out = []
-                for c, ids in rows:
-                    key = (c, tuple(ids.tolist()))
-                    if key not in cache:  # V(prompt) is the same for every generation
-                        cache[key] = float(last_values(models[c], [ids])[0])
-                    out.append(cache[key])
-                values.append(out)
-        return values, inputs
+        per_model: dict[int, list[torch.Tensor]] = {}
+        for rows in inputs:
+            for c, ids in rows:
+                per_model.setdefault(c, []).append(ids)
+        with torch.inference_mode():  # one batch per model
+            read = {c: iter(last_values(models[c], sequences).tolist()) for c, sequences in per_model.items()}
+        return [[next(read[c]) for c, _ in rows] for rows in inputs], inputs
 
     # ---- rollout --------------------------------------------------------------------------------
     def _train_item(self, item: dict | None, generation: dict) -> dict:

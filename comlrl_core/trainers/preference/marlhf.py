@@ -190,10 +190,8 @@ class MARLHFTrainer(TrainerBase):
         """Reward-model scores [B] of joint texts (gradients flow outside ``inference_mode``)."""
         if self.reward_model is None:
             raise RuntimeError("The reward model is not fitted yet; run fit_reward_model() first.")
-        encoded = self.reward_tokenizer(texts, padding=True, truncation=True, return_tensors="pt",
-                                        max_length=self.args.reward_max_length)
-        device = next(self.reward_model.parameters()).device
-        return self.reward_model(encoded.input_ids.to(device), encoded.attention_mask.to(device)).float().cpu()
+        encoded = self.reward_tokenizer(texts, truncation=True, max_length=self.args.reward_max_length)
+        return self.reward_model.score([torch.tensor(ids) for ids in encoded.input_ids]).float().cpu()
 
     def fit_reward_model(self, preferences: PreferenceSet | None = None) -> dict:
         """Bradley-Terry fit on the preference pairs; returns loss and train/held-out pair accuracy.
