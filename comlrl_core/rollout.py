@@ -167,25 +167,31 @@ def completion_logprobs(logits: torch.Tensor, batch: ActorBatch) -> torch.Tensor
     return picked * batch.mask.to(device)
 
 
-def token_logprobs(model: nn.Module, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """log pi(token | prefix) of each ``(prompt_ids, completion_ids, mask)`` row's completion, zero
-    outside its mask: [B, T]. Gradients flow outside ``inference_mode``.
+def rows_forward(module: nn.Module, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], **prefix_kwargs):
+    """``module``'s output (a causal LM or its body) over ``(prompt_ids, completion_ids, mask)`` rows,
+    and the ``ActorBatch`` of the positions it covers.
 
     Rows whose prompts begin alike (a sample's K completions share all of it) run the common part
-    once and their remaining tokens on its cache (``batching.share_prefixes``: where that pays and
-    is known exact); otherwise one right-padded forward of the full rows.
+    once and only their remaining tokens on its cache, so the batch holds those tails
+    (``batching.share_prefixes``: where that pays and is known exact; ``prefix_kwargs`` go to the
+    prefix pass); otherwise it is one right-padded forward of the full rows.
     """
-    device = next(model.parameters()).device
-    shared = share_prefixes(model, [p for p, _, _ in rows], [len(p) - 1 for p, _, _ in rows],
+    device = next(module.parameters()).device
+    shared = share_prefixes(module, [p for p, _, _ in rows], [len(p) - 1 for p, _, _ in rows],
                             max(len(p) + len(c) for p, c, _ in rows))
     if shared is None:
         batch = actor_batch(rows)
-        logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
-                       use_cache=False).logits
-        return completion_logprobs(logits, batch)
-    tails = actor_batch([(p[n:], c, m) for (p, c, m), n in zip(rows, shared.lengths)])
-    logits = forward_on_prefixes(model, shared, tails.input_ids, tails.attention_mask, logits_to_keep=1).logits
-    return completion_logprobs(logits, tails)
+        return module(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
+                      use_cache=False), batch
+    batch = actor_batch([(p[n:], c, m) for (p, c, m), n in zip(rows, shared.lengths)])
+    return forward_on_prefixes(module, shared, batch.input_ids, batch.attention_mask, **prefix_kwargs), batch
+
+
+def token_logprobs(model: nn.Module, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """log pi(token | prefix) of each ``(prompt_ids, completion_ids, mask)`` row's completion, zero
+    outside its mask: [B, T], from one ``rows_forward``. Gradients flow outside ``inference_mode``."""
+    out, batch = rows_forward(model, rows, logits_to_keep=1)
+    return completion_logprobs(out.logits, batch)
 
 
 @torch.inference_mode()

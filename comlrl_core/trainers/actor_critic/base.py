@@ -17,7 +17,7 @@ import torch
 from ...entities import frozen_copy, load_agents, load_critics, place_entities
 from ...models import CausalLMWithValueHead
 from ...models.backbone import last_token_scores
-from ...rollout import actor_batch, completion_logprobs, reference_kl, sample_agents, token_logprobs
+from ...rollout import completion_logprobs, reference_kl, rows_forward, sample_agents, token_logprobs
 from ..base import TrainerBase
 from ..data import next_prompts
 from ..optim import adamw
@@ -262,13 +262,13 @@ class ActorCriticTrainerBase(TrainerBase):
             loss, policy, value = None, 0.0, 0.0
             if batch:
                 rows = [(s.prompt_ids, s.completion_ids, s.mask) for s in batch]
-                if self.shared_head:  # log-probs and values from one forward of the full rows
-                    padded = actor_batch(rows)
-                    out = agent(padded.input_ids.to(device), padded.attention_mask.to(device))
-                    logp = completion_logprobs(out.logits, padded).sum(dim=1)
-                    ends = padded.starts - 1 + (padded.mask.sum(dim=1) if args.critic_type == "q" else 0)
-                    values = out.values[torch.arange(len(batch), device=device), ends.to(device)]
-                else:  # rows sharing a prompt run it once
+                if self.shared_head:  # log-probs and values from the same hidden states
+                    out, covered = rows_forward(agent.model.base_model, rows)
+                    hidden = out.last_hidden_state
+                    logp = completion_logprobs(agent.model.get_output_embeddings()(hidden), covered).sum(dim=1)
+                    ends = covered.starts - 1 + (covered.mask.sum(dim=1) if args.critic_type == "q" else 0)
+                    values = agent.value_head(hidden[torch.arange(len(batch), device=device), ends.to(device)])
+                else:
                     logp = token_logprobs(agent, rows).sum(dim=1)
                 advantage = torch.tensor([advantages[id(s)] for s in batch], device=device)
                 loss = (-logp * advantage).sum()
