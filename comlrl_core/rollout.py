@@ -167,30 +167,35 @@ def completion_logprobs(logits: torch.Tensor, batch: ActorBatch) -> torch.Tensor
     return picked * batch.mask.to(device)
 
 
-def rows_forward(module: nn.Module, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], **prefix_kwargs):
+def rows_forward(module: nn.Module, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], *,
+                 last_position: bool = True, **prefix_kwargs):
     """``module``'s output (a causal LM or its body) over ``(prompt_ids, completion_ids, mask)`` rows,
     and the ``ActorBatch`` of the positions it covers.
 
     Rows whose prompts begin alike (a sample's K completions share all of it) run the common part
     once and only their remaining tokens on its cache, so the batch holds those tails
     (``batching.share_prefixes``: where that pays and is known exact; ``prefix_kwargs`` go to the
-    prefix pass); otherwise it is one right-padded forward of the full rows.
+    prefix pass); otherwise it is one right-padded forward of the full rows. ``last_position=False``
+    leaves out the batch's last position: no row's next-token log-probs read it, only a value at a
+    completion's end does.
     """
     device = next(module.parameters()).device
     shared = share_prefixes(module, [p for p, _, _ in rows], [len(p) - 1 for p, _, _ in rows],
                             max(len(p) + len(c) for p, c, _ in rows))
+    if shared is not None:
+        rows = [(p[n:], c, m) for (p, c, m), n in zip(rows, shared.lengths)]
+    batch = actor_batch(rows)
+    end = None if last_position else -1
+    ids, attention = batch.input_ids[:, :end], batch.attention_mask[:, :end]
     if shared is None:
-        batch = actor_batch(rows)
-        return module(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
-                      use_cache=False), batch
-    batch = actor_batch([(p[n:], c, m) for (p, c, m), n in zip(rows, shared.lengths)])
-    return forward_on_prefixes(module, shared, batch.input_ids, batch.attention_mask, **prefix_kwargs), batch
+        return module(input_ids=ids.to(device), attention_mask=attention.to(device), use_cache=False), batch
+    return forward_on_prefixes(module, shared, ids, attention, **prefix_kwargs), batch
 
 
 def token_logprobs(model: nn.Module, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """log pi(token | prefix) of each ``(prompt_ids, completion_ids, mask)`` row's completion, zero
     outside its mask: [B, T], from one ``rows_forward``. Gradients flow outside ``inference_mode``."""
-    out, batch = rows_forward(model, rows, logits_to_keep=1)
+    out, batch = rows_forward(model, rows, last_position=False, logits_to_keep=1)
     return completion_logprobs(out.logits, batch)
 
 
