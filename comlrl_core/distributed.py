@@ -9,6 +9,7 @@ every decision that leads to one (update or not, how many mini-batches) from all
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 from functools import cache
@@ -112,5 +113,14 @@ def context() -> Context:
 
     # accelerate picks NCCL and cuda:LOCAL_RANK on GPUs; told cpu=True it uses gloo on the CPU.
     state = PartialState(cpu=not torch.cuda.is_available())
+    atexit.register(_leave)
     device = state.device if state.device.type == "cuda" else torch.device("cpu")
     return Context(state.process_index, state.num_processes, device)
+
+
+def _leave() -> None:
+    """Close the process group before the interpreter tears down: a rank that exits with gloo's
+    threads still running (rank 1 is done while rank 0 still uploads) dies by SIGABRT ("terminate
+    called without an active exception"), and the launcher then kills rank 0 mid-upload."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -146,3 +146,36 @@ def test_marlhf_two_processes_collect_fit_and_train_like_one(tiny_models, tmp_pa
                          {k: v for k, v in two["weights"].items() if k != shift}, tiny_models["qwen2-tiny"])
     pairs = [[h["preferences/num_pairs"] for h in run["history"] if "preferences/num_pairs" in h] for run in (one, two)]
     assert pairs[0] == pairs[1] and pairs[0][0] > 0  # every process's pairs were gathered
+
+
+FINISH_FIRST = """
+import atexit, os, sys, time
+import torch
+import torch.distributed as dist
+
+# Registered before the context's own handler, so it runs after it: the group must be closed by then.
+atexit.register(lambda: open(os.path.join(sys.argv[1], os.environ["RANK"]), "w").write(str(dist.is_initialized())))
+from comlrl_core import distributed
+
+ctx = distributed.context()
+for _ in range(20):
+    dist.all_reduce(torch.ones(1000))
+end = time.monotonic() + (1.0 if ctx.is_main else 0.0)
+while time.monotonic() < end:
+    pass
+"""
+
+
+def test_ranks_that_finish_first_exit_cleanly(tmp_path):
+    """Rank 0 outlives the others (it uploads and exports after training). A rank that exited with its
+    gloo group open could die by SIGABRT ("terminate called without an active exception"; a third to
+    a half of such jobs here, depending on load), and the launcher then killed rank 0 mid-upload. Every
+    process must close its group on the way out, whatever it does after training."""
+    script = tmp_path / "finish_first.py"
+    script.write_text(FINISH_FIRST)
+    env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
+                                                               os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(accelerate_command(4, [str(script), str(tmp_path)]), capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert {r: (tmp_path / str(r)).read_text() for r in range(4)} == {r: "False" for r in range(4)}
