@@ -9,10 +9,13 @@ import json
 import sys
 from pathlib import Path
 
+from torch.distributed.elastic.multiprocessing.errors import record
+
 from tasks.spec import RunSpec
 from tasks.stages import train_stage
 
 
+@record  # the launcher's failure report then ends with the failing rank's exception: the task's error names it
 def main(job_file: str) -> None:
     job = json.loads(Path(job_file).read_text())
     ref = train_stage(RunSpec(**job.pop("spec")), job, lambda line: print(line, flush=True))

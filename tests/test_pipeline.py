@@ -245,6 +245,8 @@ def test_a_two_process_stage_streams_its_logs_and_resumes_on_retry(tiny_models, 
     assert same_weights(exported_weights(state.result()), uninterrupted)
     messages = asyncio.run(_logs(state.state_details.flow_run_id))
     assert any("injected failure in the reward function" in m for m in messages)  # a rank's traceback, streamed
+    failed = [m for m in messages if m.startswith("Finished in state Failed")]  # the task's error names it too
+    assert failed and "injected failure in the reward function" in failed[0]
     assert any(m.startswith("Resuming stage") and "stage-00-policy" in m for m in messages)
     assert any(m.startswith("Checkpoint checkpoint-") for m in messages)  # printed by rank 0 of the job
 
