@@ -168,9 +168,10 @@ while time.monotonic() < end:
 
 def test_ranks_that_finish_first_exit_cleanly(tmp_path):
     """Rank 0 outlives the others (it uploads and exports after training). A rank that exited with its
-    gloo group open could die by SIGABRT ("terminate called without an active exception"; a third to
-    a half of such jobs here, depending on load), and the launcher then killed rank 0 mid-upload. Every
-    process must close its group on the way out, whatever it does after training."""
+    gloo group open could die by SIGABRT ("terminate called without an active exception"; from one job
+    in six to one in two here, more under load), and the launcher then killed rank 0 mid-upload. Every
+    process must close its group on the way out: a handler registered before the context's runs after
+    it and finds the group closed."""
     script = tmp_path / "finish_first.py"
     script.write_text(FINISH_FIRST)
     env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
