@@ -6,21 +6,103 @@ generated tokens per second and the fraction of the card's memory bandwidth (dec
 weight once per token step) and of its bf16 matmul throughput (2 FLOPs per parameter per generated
 token, 6 per trained token) that the run reaches. ``--peak-tb-s``/``--peak-tflops`` default to an
 H200 (4.8 TB/s, 989 dense bf16 TFLOP/s). The trainer takes the default device (the first GPU);
-``--allow-cpu --layers 2`` checks the script on a machine without one.
+``--allow-cpu --layers 2`` checks the script on a machine without one; ``BENCH_PROFILE=1`` adds
+where the training time goes.
 
-It then times one agent's update pass (forward and backward) over K completions of one prompt, the
-prompt run once vs within the full rows, for several prompt lengths: the figures that set
-``batching.PAYS_FROM`` for this device type (where running the prompt once starts to pay).
+It then times the sampler (decode steps replayed as a CUDA graph, and launched op by op) against
+Hugging Face ``generate`` (what the reference library calls) on one prompt, and one decode step
+launched op by op vs replayed as a graph vs the time its weights take to read at peak bandwidth. Last, one agent's
+update pass (forward and backward) over K completions of one prompt, the prompt run once vs within
+the full rows, for 4- to 1024-token prompts: the figures that set ``batching.PAYS_FROM`` for this
+device type (where running the prompt once starts to pay), with the pass's bf16 TFLOP/s.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import os
+import pstats
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+
+def _median_seconds(run, synchronize, repeats: int) -> float:
+    """Median wall time of ``run()`` over ``repeats`` calls after one warm-up, the device synchronised."""
+    run()
+    times = []
+    for _ in range(repeats):
+        synchronize()
+        start = time.perf_counter()
+        run()
+        synchronize()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def sampler_costs(model, k: int, new_tokens: int, peak_tb_s: float, synchronize) -> dict:
+    """Generated tokens/s on one 32-token prompt of our sampler (decode steps replayed as a CUDA
+    graph, and launched op by op) and of ``generate``; one decode step's milliseconds launched op by
+    op, in its fixed-shape form, replayed as a graph and at peak bandwidth; and how far the graph's
+    logits are from the op-by-op step's."""
+    import torch
+
+    from comlrl_core import decoding, rollout
+
+    device = next(model.parameters()).device
+    prompt = torch.randint(5, 400, (1, 32), device=device)
+    generation = {"do_sample": True, "temperature": 1.0, "top_k": None, "top_p": 1.0, "max_new_tokens": new_tokens}
+    pad = model.generation_config.pad_token_id
+    figures = {"lean_sampler_used": decoding.lean_sample(model, prompt, 1, {**generation, "max_new_tokens": 1},
+                                                         pad) is not None}
+    ours = lambda: rollout.generate_ids(model, prompt, torch.ones_like(prompt), k, generation, pad)  # noqa: E731
+    graph_from = decoding.GRAPH_FROM_TOKENS
+    for name, draw, graphs_from in (
+            ("ours", ours, graph_from), ("ours_op_by_op", ours, float("inf")),
+            ("generate", lambda: model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt),
+                                                num_return_sequences=k, pad_token_id=pad, **generation), graph_from)):
+        decoding.GRAPH_FROM_TOKENS = graphs_from
+        with torch.inference_mode():
+            tokens = int((draw()[:, prompt.shape[1]:] != pad).sum())
+            figures[f"{name}_tok_s"] = round(tokens / _median_seconds(draw, synchronize, 3), 1)
+    if device.type == "cuda":  # the same seed through both step forms: how often the draws agree
+        draws = []
+        for graphs_from in (graph_from, float("inf")):
+            decoding.GRAPH_FROM_TOKENS = graphs_from
+            torch.manual_seed(0)
+            draws.append(ours())
+        width = min(d.shape[1] for d in draws)  # a row's EOS may end one draw sooner
+        figures["graph_draws_equal_op_by_op"] = round(float((draws[0][:, :width] == draws[1][:, :width])
+                                                            .float().mean()), 4)
+    decoding.GRAPH_FROM_TOKENS = graph_from
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    figures["decode_step_ms_at_peak_bandwidth"] = round(weight_bytes / (peak_tb_s * 1e12) * 1e3, 4)
+    with torch.inference_mode():
+        decoder = decoding._Decoder(model, k, prompt.shape[1] + 2, device)
+        decoder.logits(prompt, 0)
+        token = torch.randint(5, 400, (k, 1), device=device)
+        position = torch.tensor([prompt.shape[1]], device=device)
+        eager = decoder.logits(token, prompt.shape[1])
+        figures["decode_step_ms_op_by_op"] = round(
+            _median_seconds(lambda: decoder.logits(token, prompt.shape[1]), synchronize, 21) * 1e3, 3)
+        figures["decode_step_ms_fixed_shape_op_by_op"] = round(
+            _median_seconds(lambda: decoder.step(token, position), synchronize, 21) * 1e3, 3)
+        if device.type == "cuda":
+            synchronize()
+            start = time.perf_counter()
+            graphed = decoding._GraphedStep(decoder, k, prompt.shape[1], device)
+            synchronize()
+            figures["graph_capture_ms"] = round((time.perf_counter() - start) * 1e3, 2)
+            replay = lambda: graphed(token[:, 0], prompt.shape[1])  # noqa: E731
+            figures["decode_step_ms_cuda_graph"] = round(_median_seconds(replay, synchronize, 21) * 1e3, 3)
+            logits = replay()
+            figures["graph_equals_fixed_shape_step"] = bool(torch.equal(logits, decoder.step(token, position)))
+            figures["graph_vs_op_by_op_max_abs_diff"] = round(float((logits - eager).abs().max()), 5)
+            figures["op_by_op_logit_std"] = round(float(eager.std()), 5)
+    return figures
 
 
 def sharing_crossover(model, k: int, width: int, prompt_lengths: list[int], synchronize) -> list[dict]:
@@ -30,6 +112,7 @@ def sharing_crossover(model, k: int, width: int, prompt_lengths: list[int], sync
     from comlrl_core import batching, rollout
 
     device_type = next(model.parameters()).device.type
+    params = sum(p.numel() for p in model.parameters())
     thresholds = dict(batching.PAYS_FROM)
     figures = []
     for length in prompt_lengths:
@@ -38,17 +121,11 @@ def sharing_crossover(model, k: int, width: int, prompt_lengths: list[int], sync
         seconds = {}
         for name, pays_from in (("full", float("inf")), ("shared", 0)):
             batching.PAYS_FROM[device_type] = pays_from  # force one path
-            runs = []
-            for _ in range(4):
-                model.zero_grad()
-                synchronize()
-                start = time.perf_counter()
-                rollout.token_logprobs(model, rows).sum().backward()
-                synchronize()
-                runs.append(time.perf_counter() - start)
-            seconds[name] = sorted(runs[1:])[1]  # median of 3 after a warm-up
+            seconds[name] = _median_seconds(
+                lambda: (model.zero_grad(), rollout.token_logprobs(model, rows).sum().backward()), synchronize, 3)
         figures.append({"prompt_tokens": length, "saved_tokens": (k - 1) * (length - 1),
                         "full_s": round(seconds["full"], 4),
+                        "full_tflops": round(6 * params * k * (length + width) / seconds["full"] / 1e12, 2),
                         "shared_over_full": round(seconds["shared"] / seconds["full"], 3)})
     batching.PAYS_FROM.clear()
     batching.PAYS_FROM.update(thresholds)
@@ -75,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from benchmarks.measure import Meter
+    from benchmarks.ours_case import breakdown
     from comlrl_core import rollout
     from comlrl_core.environments import length_ratio_dataset, length_ratio_reward
     from comlrl_core.tiny_models import TOKENIZERS, TinyModelSpec, build_model, build_tokenizer
@@ -99,7 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     meter = Meter(rollout, "generate_ids")  # the sampler's entry point (generate only as its fallback)
     synchronize = torch.cuda.synchronize if cuda else (lambda: None)
     synchronize()
+    profile = cProfile.Profile() if os.environ.get("BENCH_PROFILE") == "1" else None
     start = time.perf_counter()
+    if profile is not None:
+        profile.enable()
     trainer.train()
     synchronize()
     seconds = time.perf_counter() - start
@@ -119,8 +200,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     if cuda:
         figures["peak_gpu_memory_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
+    if profile is not None:
+        profile.disable()
+        figures["profile"] = breakdown(profile, seconds)
+        # The GPU runs behind Python: its time shows where Python waits for it (.item(), .cpu(), any()).
+        top = sorted(pstats.Stats(profile).stats.items(), key=lambda entry: -entry[1][2])[:12]
+        figures["top_own_seconds"] = {f"{Path(f).name}:{name}": round(tt, 3) for (f, _, name), (_, _, tt, _, _) in top}
     print(json.dumps(figures))
-    crossover = sharing_crossover(trainer.agents[0], args.num_generations, args.max_new_tokens, [16, 64, 256],
+    print(json.dumps({"sampler": sampler_costs(trainer.agents[0], args.num_generations, args.max_new_tokens,
+                                               args.peak_tb_s, synchronize)}))
+    crossover = sharing_crossover(trainer.agents[0], args.num_generations, args.max_new_tokens, [4, 16, 64, 256, 1024],
                                   synchronize)
     print(json.dumps({"prompt_run_once_vs_full_rows": crossover}))
     return 0

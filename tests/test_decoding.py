@@ -103,3 +103,19 @@ def test_same_tokens_as_generate_on_a_model_wide_enough_for_the_transposed_produ
         expected = _generate(model, prompt, 4, generation)
         torch.manual_seed(seed)
         assert torch.equal(lean_sample(model, prompt, 4, generation, 1), expected)
+
+
+def test_the_fixed_shape_step_a_cuda_graph_replays_equals_the_eager_step(model):
+    """``_Decoder.step`` (one token per row at a tensor position, attention over the whole cache
+    with unwritten positions masked) gives the eager step's logits at every position."""
+    from comlrl_core.decoding import _Decoder
+
+    prompt, rows, new = torch.tensor([[5, 6, 7, 8]]), 3, 6
+    with torch.inference_mode():
+        eager, fixed = (_Decoder(model, rows, prompt.shape[1] + new, prompt.device) for _ in range(2))
+        torch.testing.assert_close(eager.logits(prompt, 0), fixed.logits(prompt, 0), rtol=0, atol=0)
+        tokens = torch.randint(5, 200, (new, rows, 1), generator=torch.Generator().manual_seed(0))
+        for step in range(new):
+            position = prompt.shape[1] + step
+            torch.testing.assert_close(fixed.step(tokens[step], torch.tensor([position])),
+                                       eager.logits(tokens[step], position), rtol=1e-5, atol=1e-5)
