@@ -19,8 +19,8 @@ SHARING_ARCHITECTURES = {"llama", "qwen2", "mistral"}  # decoders whose forward 
 # A prefix pass costs one more trip over the weights (read, weight gradient, its accumulation), so
 # it runs only from this many tokens saved. CPU: the crossover measured with the 10M benchmark model;
 # CUDA: with a 0.36B bf16 model on an H200, where an update pass is kernel launches until it holds
-# tens of thousands of tokens (shared ÷ full rows 1.38 at 7.9K tokens saved, 0.60 at 31.7K; see the
-# README). Other accelerators are taken to be like CUDA.
+# tens of thousands of tokens (shared ÷ full rows 1.38-1.98 at 7.9K tokens saved, 0.60 at 31.7K;
+# see the README). Other accelerators are taken to be like CUDA.
 PAYS_FROM = {"cpu": 32, "cuda": 16384}
 PAYS_FROM_ELSEWHERE = 16384
 

@@ -11,7 +11,7 @@ EOS, stopping when every sequence has ended. It runs only where it reproduces ``
 (see ``lean_sample``); anything else returns None and the caller uses ``generate``.
 
 On a GPU a decode step is kernel launches, not arithmetic: on an H200 a 0.36B-parameter bf16 step
-took 9.6 ms launched op by op, 2.1 ms replayed as a CUDA graph, and reading its weights once takes
+took 9.6-10.7 ms launched op by op, 2.1-2.2 ms replayed as a CUDA graph, and reading its weights takes
 0.15 ms. So on CUDA the step is captured once per sampling call, with a fixed shape (one token per
 row, attention over the whole preallocated cache with the positions not yet written masked out),
 and replayed for every new token; sampling between the steps stays as it is.
@@ -33,8 +33,8 @@ _OPTIONS = {"do_sample", "temperature", "top_k", "top_p", "max_new_tokens"}
 # Generation-config fields that leave sampling unchanged here (token ids are read separately).
 _NEUTRAL = {"bos_token_id", "eos_token_id", "pad_token_id", "max_length", "use_cache", "transformers_version",
             "_from_model_config"}
-# Capturing the step costs 32-33 ms on an H200 (3.4 op-by-op steps) and each replay saves 7.5 ms,
-# so from about 5 new tokens on it pays; 8 leaves a margin.
+# Capturing the step costs 32-38 ms on an H200 (3.3-3.6 op-by-op steps) and each replay saves
+# 7.5-8.4 ms, so from about 5 new tokens on it pays; 8 leaves a margin.
 GRAPH_FROM_TOKENS = 8
 
 
@@ -200,23 +200,27 @@ class _GraphedStep:
     graph replayed, and the logits read from its fixed output."""
 
     def __init__(self, decoder: _Decoder, rows: int, position: int, device: torch.device):
+        # Captured and replayed with the model's GPU current: the graph's streams are the current device's.
+        self.device = device
         self.token = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self.position = torch.full((1,), position, dtype=torch.long, device=device)
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):  # warm-up outside the capture (kernel choices, workspaces)
-            for _ in range(2):
-                decoder.step(self.token, self.position)
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        # thread_local: agents on other GPUs sample on their own threads meanwhile
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-            self.logits = decoder.step(self.token, self.position)
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up outside the capture (kernel choices, workspaces)
+                for _ in range(2):
+                    decoder.step(self.token, self.position)
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            # thread_local: agents on other GPUs sample on their own threads meanwhile
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                self.logits = decoder.step(self.token, self.position)
 
     def __call__(self, token: torch.Tensor, position: int) -> torch.Tensor:
-        self.token.copy_(token[:, None])
-        self.position.fill_(position)
-        self.graph.replay()
+        with torch.cuda.device(self.device):
+            self.token.copy_(token[:, None])
+            self.position.fill_(position)
+            self.graph.replay()
         return self.logits
 
 
