@@ -5,9 +5,9 @@ At RL rollout sizes (a few sequences of tens of tokens) a decode step costs read
 plus Python overhead, not FLOPs, and Hugging Face ``generate`` spends about as long in its
 per-step bookkeeping, cache objects and mask building as in the matmuls. This sampler prefills the
 prompt once (``generate`` prefills it once per sample), writes keys and values into one
-preallocated cache, runs q/k/v and gate/up as one matmul each, and samples as ``generate`` does:
-the same temperature, top-k and top-p warpers, one ``multinomial`` draw per step, padding after
-EOS, stopping when every sequence has ended. It runs only where it reproduces ``generate``
+preallocated cache, runs q/k/v and gate/up as one matmul each on a GPU, and samples as
+``generate`` does: the same temperature, top-k and top-p warpers, one ``multinomial`` draw per
+step, padding after EOS, stopping when every sequence has ended. It runs only where it reproduces ``generate``
 (see ``lean_sample``); anything else returns None and the caller uses ``generate``.
 
 On a GPU a decode step is kernel launches, not arithmetic: on an H200 a 0.36B-parameter bf16 step
@@ -38,19 +38,30 @@ _NEUTRAL = {"bos_token_id", "eos_token_id", "pad_token_id", "max_length", "use_c
 GRAPH_FROM_TOKENS = 8
 
 
-class _Projection:
-    """One linear map of the decode step: ``F.linear``, or ``weight @ x.T`` for a large weight on the CPU.
+def _transposed_products_pay() -> bool:
+    """Whether a CPU decode step's 2-8-row products run faster as ``weight @ x.T``: on AMD CPUs, where
+    MKL's ``F.linear`` streamed a large weight at half the speed of that orientation (an EPYC: a
+    small-model decode step 8.3-11.0 ms with ``F.linear``, 6.2-7.8 ms transposed); not on Intel's,
+    where ``F.linear`` is the faster (a Xeon with AMX: 3.9-4.1 ms vs 5.3-5.9 ms transposed)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            vendor = next((line for line in info if line.startswith("vendor_id")), "")
+    except OSError:
+        return False
+    return "AuthenticAMD" in vendor
 
-    For the 2-8 rows of a decode step MKL's sgemm streams a weight that does not fit in cache about
-    twice as fast in that orientation; for one row or a small weight ``F.linear`` is faster (see the
-    README's Benchmarks). The choice per weight is made once, outside the hot loop."""
 
-    def __init__(self, linears: list[nn.Linear]):
-        self.weight = torch.cat([m.weight for m in linears]) if len(linears) > 1 else linears[0].weight
-        biases = [m.bias for m in linears]
-        self.bias = None if all(b is None for b in biases) else torch.cat(
-            [b if b is not None else m.weight.new_zeros(m.out_features) for m, b in zip(linears, biases)])
-        self.transposed = self.weight.device.type == "cpu" and self.weight.numel() >= 1 << 17
+TRANSPOSED_ON_CPU = _transposed_products_pay()
+
+
+class _Product:
+    """``x @ weight.T + bias`` for a decode step: ``F.linear``, or ``weight @ x.T`` for a large weight
+    on a CPU where that orientation is the faster (``TRANSPOSED_ON_CPU``; for one row or a small
+    weight ``F.linear`` is faster everywhere). The choice per weight is made once, outside the hot loop."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.weight, self.bias = weight, bias
+        self.transposed = TRANSPOSED_ON_CPU and weight.device.type == "cpu" and weight.numel() >= 1 << 17
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0] * x.shape[1]
@@ -59,6 +70,28 @@ class _Projection:
         columns = x.reshape(rows, -1).t()
         out = torch.mm(self.weight, columns) if self.bias is None else torch.addmm(self.bias[:, None], self.weight, columns)
         return out.t().contiguous().view(*x.shape[:-1], -1)
+
+
+class _Projection:
+    """Linears over the same input, their outputs side by side (q/k/v, gate/up), with their weights
+    joined into one product (``join``: once per sampling call) or run apart. Joined on accelerators
+    (one kernel instead of several), apart on the CPU, where copying the weights every call cost
+    more than the extra products save (a Xeon: a small-model sampling call 70-73 ms apart, 83-87 ms
+    joined)."""
+
+    def __init__(self, linears: list[nn.Linear], join: bool):
+        if len(linears) == 1 or not join:
+            self.products = [_Product(m.weight, m.bias) for m in linears]
+            return
+        biases = [m.bias for m in linears]
+        bias = None if all(b is None for b in biases) else torch.cat(
+            [b if b is not None else m.weight.new_zeros(m.out_features) for m, b in zip(linears, biases)])
+        self.products = [_Product(torch.cat([m.weight for m in linears]), bias)]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if len(self.products) == 1:
+            return self.products[0](x)
+        return torch.cat([product(x) for product in self.products], dim=-1)
 
 
 @dataclass
@@ -134,13 +167,14 @@ class _Decoder:
         self.kv_heads = config.num_key_value_heads
         self.scale = attention.scaling
         self.layers = []
+        join = device.type != "cpu"
         for layer in body.layers:
             a, mlp = layer.self_attn, layer.mlp
-            self.layers.append(_Layer(layer.input_layernorm, _Projection([a.q_proj, a.k_proj, a.v_proj]),
-                                      _Projection([a.o_proj]), layer.post_attention_layernorm,
-                                      _Projection([mlp.gate_proj, mlp.up_proj]), _Projection([mlp.down_proj]),
-                                      mlp.act_fn))
-        self.head = _Projection([model.lm_head])
+            self.layers.append(_Layer(layer.input_layernorm, _Projection([a.q_proj, a.k_proj, a.v_proj], join),
+                                      _Projection([a.o_proj], join), layer.post_attention_layernorm,
+                                      _Projection([mlp.gate_proj, mlp.up_proj], join),
+                                      _Projection([mlp.down_proj], join), mlp.act_fn))
+        self.head = _Projection([model.lm_head], join)
         dtype = body.embed_tokens.weight.dtype
         shape = (rows, self.kv_heads, length, self.head_dim)
         # zeros, not empty: ``step`` weighs unwritten positions by 0, and 0 * NaN garbage would be NaN

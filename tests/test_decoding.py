@@ -75,25 +75,38 @@ def test_steps_aside_for_what_it_does_not_reproduce(model):
     assert lean_sample(model, prompt, 2, generation, 1) is not None
 
 
-def test_a_large_weight_takes_the_transposed_product_and_it_equals_f_linear():
+def test_a_large_weight_takes_the_transposed_product_and_it_equals_f_linear(monkeypatch):
+    """Where the CPU makes it pay (AMD's, see ``TRANSPOSED_ON_CPU``); forced here on any CPU. Linears
+    side by side, run apart (the CPU) or joined (accelerators), give the joined weights' product."""
+    from comlrl_core import decoding
     from comlrl_core.decoding import _Projection
 
+    monkeypatch.setattr(decoding, "TRANSPOSED_ON_CPU", True)
     torch.manual_seed(0)
     layers = [torch.nn.Linear(384, 640), torch.nn.Linear(384, 128, bias=False)]
-    fused = _Projection(layers)
-    assert fused.transposed and not _Projection([torch.nn.Linear(32, 64)]).transposed
+    apart, joined = _Projection(layers, join=False), _Projection(layers, join=True)
+    assert [p.transposed for p in apart.products] == [True, False]  # 245K and 49K elements
+    assert [p.transposed for p in joined.products] == [True]
+    assert not _Projection([torch.nn.Linear(32, 64)], join=False).products[0].transposed
     weight = torch.cat([m.weight for m in layers])
     bias = torch.cat([layers[0].bias, torch.zeros(128)])
     for rows in range(1, 11):
         x = torch.randn(rows, 1, 384)
-        got = fused(x)
-        assert got.shape == (rows, 1, 768) and got.is_contiguous()
-        torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+        for projection in (apart, joined):
+            got = projection(x)
+            assert got.shape == (rows, 1, 768) and got.is_contiguous()
+            torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(decoding, "TRANSPOSED_ON_CPU", False)
+    assert not any(p.transposed for p in _Projection(layers, join=True).products)
 
 
-def test_same_tokens_as_generate_on_a_model_wide_enough_for_the_transposed_product():
-    """The tiny models' weights are too small for ``weight @ x.T``; this one's layers take it."""
+def test_same_tokens_as_generate_on_a_model_wide_enough_for_the_transposed_product(monkeypatch):
+    """The tiny models' weights are too small for ``weight @ x.T``; this one's layers take it (on
+    every CPU here, as on an AMD one)."""
+    from comlrl_core import decoding
     from comlrl_core.tiny_models import TOKENIZERS, TinyModelSpec, build_model, build_tokenizer
+
+    monkeypatch.setattr(decoding, "TRANSPOSED_ON_CPU", True)
 
     spec = TinyModelSpec("qwen2-wide", "qwen2", "shared", 384, 1, 6, 2, 1024)
     model = build_model(spec, build_tokenizer(TOKENIZERS["shared"]), seed=3)
@@ -119,3 +132,19 @@ def test_the_fixed_shape_step_a_cuda_graph_replays_equals_the_eager_step(model):
             position = prompt.shape[1] + step
             torch.testing.assert_close(fixed.step(tokens[step], torch.tensor([position])),
                                        eager.logits(tokens[step], position), rtol=1e-5, atol=1e-5)
+
+
+def test_the_transposed_product_is_chosen_by_the_cpu_vendor(tmp_path, monkeypatch):
+    """AMD CPUs take ``weight @ x.T``; Intel's, and machines whose vendor cannot be read, do not."""
+    import builtins
+
+    from comlrl_core import decoding
+
+    real_open = builtins.open
+    for vendor, expected in (("AuthenticAMD", True), ("GenuineIntel", False), (None, False)):
+        info = tmp_path / f"cpuinfo-{vendor}"
+        if vendor is not None:
+            info.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: 25\n")
+        monkeypatch.setattr(builtins, "open", lambda path, *a, info=info, **k: real_open(
+            info if path == "/proc/cpuinfo" else path, *a, **k))
+        assert decoding._transposed_products_pay() is expected
