@@ -11,10 +11,11 @@ where the training time goes.
 
 It then times the sampler (decode steps replayed as a CUDA graph, and launched op by op) against
 Hugging Face ``generate`` (what the reference library calls) on one prompt, and one decode step
-launched op by op vs replayed as a graph vs the time its weights take to read at peak bandwidth. Last, one agent's
-update pass (forward and backward) over K completions of one prompt, the prompt run once vs within
-the full rows, for 4- to 1024-token prompts: the figures that set ``batching.PAYS_FROM`` for this
-device type (where running the prompt once starts to pay), with the pass's bf16 TFLOP/s.
+launched op by op vs replayed as a graph vs the time its weights take to read at peak bandwidth.
+Last, one agent's update pass (forward and backward) over K completions of one prompt, the prompt
+run once vs within the full rows, for 4- to 1024-token prompts: the figures that set
+``batching.PAYS_FROM`` for this device type (where running the prompt once starts to pay), with
+the pass's bf16 TFLOP/s.
 """
 
 from __future__ import annotations

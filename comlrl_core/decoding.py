@@ -7,12 +7,13 @@ per-step bookkeeping, cache objects and mask building as in the matmuls. This sa
 prompt once (``generate`` prefills it once per sample), writes keys and values into one
 preallocated cache, runs q/k/v and gate/up as one matmul each on a GPU, and samples as
 ``generate`` does: the same temperature, top-k and top-p warpers, one ``multinomial`` draw per
-step, padding after EOS, stopping when every sequence has ended. It runs only where it reproduces ``generate``
-(see ``lean_sample``); anything else returns None and the caller uses ``generate``.
+step, padding after EOS, stopping when every sequence has ended. It runs only where it
+reproduces ``generate`` (see ``lean_sample``); anything else returns None and the caller uses
+``generate``.
 
 On a GPU a decode step is kernel launches, not arithmetic: on an H200 a 0.36B-parameter bf16 step
-took 9.6-10.7 ms launched op by op, 2.1-2.2 ms replayed as a CUDA graph, and reading its weights takes
-0.15 ms. So on CUDA the step is captured once per sampling call, with a fixed shape (one token per
+took 9.6-10.7 ms launched op by op, 2.1-2.2 ms replayed as a CUDA graph, and reading its weights
+takes 0.15 ms. So on CUDA the step is captured once per sampling call, with a fixed shape (one token per
 row, attention over the whole preallocated cache with the positions not yet written masked out),
 and replayed for every new token; sampling between the steps stays as it is.
 """
@@ -38,13 +39,13 @@ _NEUTRAL = {"bos_token_id", "eos_token_id", "pad_token_id", "max_length", "use_c
 GRAPH_FROM_TOKENS = 8
 
 
-def _transposed_products_pay() -> bool:
+def _transposed_products_pay(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether a CPU decode step's 2-8-row products run faster as ``weight @ x.T``: on AMD CPUs, where
     MKL's ``F.linear`` streamed a large weight at half the speed of that orientation (an EPYC: a
     small-model decode step 8.3-11.0 ms with ``F.linear``, 6.2-7.8 ms transposed); not on Intel's,
     where ``F.linear`` is the faster (a Xeon with AMX: 3.9-4.1 ms vs 5.3-5.9 ms transposed)."""
     try:
-        with open("/proc/cpuinfo") as info:
+        with open(cpuinfo) as info:
             vendor = next((line for line in info if line.startswith("vendor_id")), "")
     except OSError:
         return False
@@ -96,7 +97,7 @@ class _Projection:
 
 @dataclass
 class _Layer:
-    """One decoder layer with q/k/v and gate/up fused (built per call, so always the current weights)."""
+    """One decoder layer with q/k/v and gate/up side by side (built per call, so always the current weights)."""
 
     input_norm: nn.Module
     qkv: _Projection

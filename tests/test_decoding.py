@@ -134,17 +134,12 @@ def test_the_fixed_shape_step_a_cuda_graph_replays_equals_the_eager_step(model):
                                        eager.logits(tokens[step], position), rtol=1e-5, atol=1e-5)
 
 
-def test_the_transposed_product_is_chosen_by_the_cpu_vendor(tmp_path, monkeypatch):
+def test_the_transposed_product_is_chosen_by_the_cpu_vendor(tmp_path):
     """AMD CPUs take ``weight @ x.T``; Intel's, and machines whose vendor cannot be read, do not."""
-    import builtins
+    from comlrl_core.decoding import _transposed_products_pay
 
-    from comlrl_core import decoding
-
-    real_open = builtins.open
     for vendor, expected in (("AuthenticAMD", True), ("GenuineIntel", False), (None, False)):
         info = tmp_path / f"cpuinfo-{vendor}"
         if vendor is not None:
             info.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: 25\n")
-        monkeypatch.setattr(builtins, "open", lambda path, *a, info=info, **k: real_open(
-            info if path == "/proc/cpuinfo" else path, *a, **k))
-        assert decoding._transposed_products_pay() is expected
+        assert _transposed_products_pay(str(info)) is expected
