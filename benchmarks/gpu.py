@@ -57,9 +57,9 @@ def sampler_costs(model, k: int, new_tokens: int, peak_tb_s: float, synchronize)
     prompt = torch.randint(5, 400, (1, 32), device=device)
     generation = {"do_sample": True, "temperature": 1.0, "top_k": None, "top_p": 1.0, "max_new_tokens": new_tokens}
     pad = model.generation_config.pad_token_id
-    figures = {"lean_sampler_used": decoding.lean_sample(model, prompt, 1, {**generation, "max_new_tokens": 1},
+    figures = {"lean_sampler_used": decoding.lean_sample(model, [prompt], 1, {**generation, "max_new_tokens": 1},
                                                          pad) is not None}
-    ours = lambda: rollout.generate_ids(model, prompt, torch.ones_like(prompt), k, generation, pad)  # noqa: E731
+    ours = lambda: rollout.generate_ids(model, [prompt], k, generation, pad)[0]  # noqa: E731
     graph_from = decoding.GRAPH_FROM_TOKENS
     for name, draw, graphs_from in (
             ("ours", ours, graph_from), ("ours_op_by_op", ours, float("inf")),
@@ -94,10 +94,10 @@ def sampler_costs(model, k: int, new_tokens: int, peak_tb_s: float, synchronize)
         if device.type == "cuda":
             synchronize()
             start = time.perf_counter()
-            graphed = decoding._GraphedStep(decoder, k, prompt.shape[1], device)
+            graphed = decoding._GraphedStep(decoder, position.expand(k))
             synchronize()
             figures["graph_capture_ms"] = round((time.perf_counter() - start) * 1e3, 2)
-            replay = lambda: graphed(token[:, 0], prompt.shape[1])  # noqa: E731
+            replay = lambda: graphed(token[:, 0], position)  # noqa: E731
             figures["decode_step_ms_cuda_graph"] = round(_median_seconds(replay, synchronize, 21) * 1e3, 3)
             logits = replay()
             figures["graph_equals_fixed_shape_step"] = bool(torch.equal(logits, decoder.step(token, position)))

@@ -20,7 +20,8 @@ class Meter:
     """Counts time and new tokens inside every sampling call, and every optimizer step.
 
     The sampling function is ``owner.name(model, input_ids, ...)``: Hugging Face ``generate`` by
-    default; our runner names its own entry point, which uses ``generate`` only as a fallback.
+    default; our runner names its own entry point (a list of prompts in, a list of sequences out),
+    which uses ``generate`` only as a fallback.
     """
 
     def __init__(self, owner=GenerationMixin, name: str = "generate"):
@@ -38,12 +39,13 @@ class Meter:
             start = time.perf_counter()
             out = original(model, *args, **kwargs)
             meter.generate_seconds += time.perf_counter() - start
-            sequences = out.sequences if hasattr(out, "sequences") else out
-            prompt = kwargs.get("input_ids", args[0] if args else None)
-            width = prompt.shape[-1] if isinstance(prompt, torch.Tensor) else 0
+            prompts = kwargs.get("input_ids", args[0] if args else None)
+            outs = out if isinstance(out, list) else [out.sequences if hasattr(out, "sequences") else out]
+            prompts = prompts if isinstance(prompts, list) else [prompts]  # ours samples several prompts at once
             pad = model.generation_config.pad_token_id
-            new = sequences[:, width:]
-            meter.generated_tokens += int((new != pad).sum()) if pad is not None else new.numel()
+            for prompt, sequences in zip(prompts, outs):
+                new = sequences[:, prompt.shape[-1] if isinstance(prompt, torch.Tensor) else 0:]
+                meter.generated_tokens += int((new != pad).sum()) if pad is not None else new.numel()
             return out
 
         setattr(owner, name, generate)

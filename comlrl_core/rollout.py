@@ -1,4 +1,5 @@
-"""Sampling and scoring completions: one batched sampling call per (agent, prompt), one batched forward for log-probs."""
+"""Sampling and scoring completions: one batched sampling call per agent (over one item or several),
+one batched forward for log-probs."""
 
 from __future__ import annotations
 
@@ -40,44 +41,91 @@ def eos_ids(tokenizer: PreTrainedTokenizerBase, model: nn.Module) -> set[int]:
     return {i for i in ids if i is not None}
 
 
-def generate_ids(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, k: int, generation: dict,
-                 pad_token_id: int | None) -> torch.Tensor:
-    """``k`` sampled sequences [k, P+T] of one prompt: the lean sampler where it reproduces
-    ``generate`` (Llama-style models, the trainer's sampling options), else ``generate`` itself."""
-    out = lean_sample(model, input_ids, k, generation, pad_token_id)
+class ItemDraws:
+    """One item's sampling stream: a generator per device, seeded with the item's seed (the stream
+    that seeding the global generators before the item gave), so that the item draws the same tokens
+    whichever other items share its sampling calls. ``ahead`` keeps its first turn when that was
+    sampled together with other items' (``sample_items``); ``sample_agents`` hands it out once."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.ahead: tuple[list[str], int, list[Completions]] | None = None
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def on(self, device: torch.device) -> torch.Generator:
+        if device not in self._generators:
+            self._generators[device] = torch.Generator(device).manual_seed(self.seed)
+        return self._generators[device]
+
+    def take_ahead(self, prompts: list[str], k: int) -> list[Completions] | None:
+        ahead, self.ahead = self.ahead, None
+        return ahead[2] if ahead is not None and ahead[:2] == (list(prompts), k) else None
+
+
+@contextlib.contextmanager
+def _global_stream(generator: torch.Generator | None):
+    """The global generator of ``generator``'s device runs ``generator``'s stream meanwhile (for
+    ``generate``, which takes no generator); None leaves it as it is."""
+    if generator is None:
+        yield
+        return
+    device = generator.device
+    cuda = device.type == "cuda"
+    own = torch.cuda.get_rng_state(device) if cuda else torch.get_rng_state()
+    (torch.cuda.set_rng_state(generator.get_state(), device) if cuda else torch.set_rng_state(generator.get_state()))
+    try:
+        yield
+    finally:
+        generator.set_state(torch.cuda.get_rng_state(device) if cuda else torch.get_rng_state())
+        torch.cuda.set_rng_state(own, device) if cuda else torch.set_rng_state(own)
+
+
+def generate_ids(model: nn.Module, prompts: list[torch.Tensor], k: int, generation: dict, pad_token_id: int | None,
+                 generators: list[torch.Generator | None] | None = None) -> list[torch.Tensor]:
+    """``k`` sampled sequences [k, P+T] of each prompt [1, P], prompt j drawing from
+    ``generators[j]`` (None: the global generator): the lean sampler where it reproduces
+    ``generate`` (Llama-style models, the trainer's sampling options; all prompts in the same decode
+    steps), else ``generate`` itself, prompt by prompt."""
+    generators = generators or [None] * len(prompts)
+    out = lean_sample(model, prompts, k, generation, pad_token_id, generators)
     if out is None:
-        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_return_sequences=k,
-                             pad_token_id=pad_token_id, **generation)
+        out = []
+        for prompt, generator in zip(prompts, generators):
+            with _global_stream(generator):
+                out.append(model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt),
+                                          num_return_sequences=k, pad_token_id=pad_token_id, **generation))
     return out
 
 
-def _encode(tokenizer: PreTrainedTokenizerBase, prompt: str):
-    encoded = tokenizer(prompt, return_tensors="pt", truncation=True)
-    if encoded.input_ids.shape[1] == 0:
+def _encode(tokenizer: PreTrainedTokenizerBase, prompt: str) -> torch.Tensor:
+    ids = tokenizer(prompt, return_tensors="pt", truncation=True).input_ids
+    if ids.shape[1] == 0:
         raise ValueError(f"The prompt {prompt!r} encodes to no tokens; formatters must return non-empty prompts.")
-    return encoded
+    return ids
 
 
-def _draw(model: nn.Module, encoded, k: int, generation: dict, pad_token_id: int | None) -> torch.Tensor:
-    """The sampling call on the model's device: [k, P+T] ids on the CPU (no tokenizer: thread-safe per device)."""
+def _draw(model: nn.Module, prompts: list[torch.Tensor], k: int, generation: dict, pad_token_id: int | None,
+          draws: list[ItemDraws | None]) -> list[torch.Tensor]:
+    """The sampling call on the model's device: [k, P+T] ids per prompt, on the CPU (no tokenizer:
+    thread-safe per device)."""
     device = next(model.parameters()).device
+    generators = [d.on(device) if d is not None else None for d in draws]
     was_training = model.training
     model.eval()
     with torch.inference_mode():
-        out = generate_ids(model, encoded.input_ids.to(device), encoded.attention_mask.to(device), k, generation,
-                           pad_token_id)
+        out = generate_ids(model, [p.to(device) for p in prompts], k, generation, pad_token_id, generators)
     model.train(was_training)
-    return out.cpu().clone()  # outside inference mode: a normal tensor that autograd may save
+    return [o.cpu().clone() for o in out]  # outside inference mode: normal tensors that autograd may save
 
 
 def sample(model: nn.Module, tokenizer: PreTrainedTokenizerBase, prompt: str, k: int, generation: dict) -> Completions:
     """All K completions of ``prompt`` in one sampling call (KV cache on, no autograd)."""
-    encoded = _encode(tokenizer, prompt)
-    return _completions(model, tokenizer, encoded, _draw(model, encoded, k, generation, tokenizer.pad_token_id))
+    ids = _encode(tokenizer, prompt)
+    return _completions(model, tokenizer, ids, _draw(model, [ids], k, generation, tokenizer.pad_token_id, [None])[0])
 
 
 def _worker_devices(devices: list[torch.device]) -> list[torch.device]:
-    """The devices ``sample_agents`` gives a worker thread: each CUDA device, when there are two or
+    """The devices ``sample_items`` gives a worker thread: each CUDA device, when there are two or
     more. Each CUDA device has its own generator; the CPU's is global, so CPU sampling stays on the
     calling thread (threads would interleave its draws)."""
     cuda = list(dict.fromkeys(d for d in devices if d.type == "cuda"))
@@ -85,48 +133,65 @@ def _worker_devices(devices: list[torch.device]) -> list[torch.device]:
 
 
 def sample_agents(policies: list[nn.Module], tokenizers: list[PreTrainedTokenizerBase], prompts: list[str], k: int,
-                  generation: dict) -> list[Completions]:
-    """``[sample(policies[i], tokenizers[i], prompts[i], k, generation) for i ...]``, with agents on
-    different CUDA devices sampling at the same time.
+                  generation: dict, draws: ItemDraws | None = None) -> list[Completions]:
+    """One item's K completions per agent, ``prompts[i]`` for agent i: ``sample_items`` of this item
+    alone, or what it already sampled of these prompts (``draws.ahead``)."""
+    ahead = draws.take_ahead(prompts, k) if draws is not None else None
+    return ahead if ahead is not None else sample_items(policies, tokenizers, [prompts], k, generation, [draws])[0]
+
+
+def sample_items(policies: list[nn.Module], tokenizers: list[PreTrainedTokenizerBase], prompts: list[list[str]],
+                 k: int, generation: dict, draws: list[ItemDraws | None]) -> list[list[Completions]]:
+    """Per item n, per agent i, K completions of ``prompts[n][i]``: one sampling call per agent over
+    every item (their rows decode together), item n drawing from ``draws[n]`` (None: the global
+    generators, in order).
 
     With policies on more than one CUDA device, each device's agents sample in order on one
     worker thread per device (so every device's generator sees the same draws as one after
     another), and CPU agents on the calling thread meanwhile; tokenizers are only used on the
     calling thread. The results equal the sequential ones. Otherwise it is the plain loop.
     """
-    if not len(policies) == len(tokenizers) == len(prompts):
-        raise ValueError(f"sample_agents: {len(policies)} policies, {len(tokenizers)} tokenizers and "
-                         f"{len(prompts)} prompts; give one of each per agent.")
+    if not all(len(policies) == len(tokenizers) == len(p) for p in prompts) or len(draws) != len(prompts):
+        raise ValueError(f"sample_items: {len(policies)} policies, {len(tokenizers)} tokenizers, prompts for "
+                         f"{sorted({len(p) for p in prompts})} agents and {len(draws)} draws for {len(prompts)} "
+                         "items; give one prompt per agent and one draws per item.")
     devices = [next(p.parameters()).device for p in policies]
-    threaded = _worker_devices(devices)
-    if not threaded:
-        return [sample(p, t, q, k, generation) for p, t, q in zip(policies, tokenizers, prompts)]
-    groups: dict[torch.device, list[int]] = {}
-    for i, device in enumerate(devices):
-        groups.setdefault(device, []).append(i)
-    encoded = [_encode(t, q) for t, q in zip(tokenizers, prompts)]
-    drawn: list[torch.Tensor | None] = [None] * len(policies)
+    encoded = [[_encode(t, q[i]) for q in prompts] for i, t in enumerate(tokenizers)]  # [agent][item]
+    drawn: list[list[torch.Tensor] | None] = [None] * len(policies)
 
     def draw(indices: list[int]) -> None:
         for i in indices:
-            drawn[i] = _draw(policies[i], encoded[i], k, generation, tokenizers[i].pad_token_id)
+            drawn[i] = _draw(policies[i], encoded[i], k, generation, tokenizers[i].pad_token_id, draws)
 
-    def draw_on(device: torch.device, indices: list[int]) -> None:
-        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            draw(indices)
+    threaded = _worker_devices(devices)
+    if not threaded:
+        draw(list(range(len(policies))))
+    else:
+        for d in (d for d in draws if d is not None):  # the generators exist before the threads use them
+            for device in threaded:
+                d.on(device)
+        groups: dict[torch.device, list[int]] = {}
+        for i, device in enumerate(devices):
+            groups.setdefault(device, []).append(i)
 
-    with ThreadPoolExecutor(max_workers=len(threaded), thread_name_prefix="sample-agents") as pool:
-        futures = [pool.submit(draw_on, d, groups[d]) for d in threaded]
-        for device, indices in groups.items():
-            if device not in threaded:
+        def draw_on(device: torch.device, indices: list[int]) -> None:
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
                 draw(indices)
-        for future in futures:
-            future.result()
-    return [_completions(p, t, e, out) for p, t, e, out in zip(policies, tokenizers, encoded, drawn)]
+
+        with ThreadPoolExecutor(max_workers=len(threaded), thread_name_prefix="sample-agents") as pool:
+            futures = [pool.submit(draw_on, d, groups[d]) for d in threaded]
+            for device, indices in groups.items():
+                if device not in threaded:
+                    draw(indices)
+            for future in futures:
+                future.result()
+    return [[_completions(p, t, encoded[i][n], drawn[i][n]) for i, (p, t) in enumerate(zip(policies, tokenizers))]
+            for n in range(len(prompts))]
 
 
-def _completions(model: nn.Module, tokenizer: PreTrainedTokenizerBase, encoded, out: torch.Tensor) -> Completions:
-    prompt_len = encoded.input_ids.shape[1]
+def _completions(model: nn.Module, tokenizer: PreTrainedTokenizerBase, prompt_ids: torch.Tensor,
+                 out: torch.Tensor) -> Completions:
+    prompt_len = prompt_ids.shape[1]
     completion_ids = out[:, prompt_len:]
     mask = completion_mask(completion_ids, eos_ids(tokenizer, model))
     texts = [tokenizer.decode(ids[m], skip_special_tokens=True) for ids, m in zip(completion_ids, mask)]

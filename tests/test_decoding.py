@@ -31,7 +31,7 @@ def test_same_tokens_as_generate_for_the_same_seed(model, generation):
         torch.manual_seed(seed)
         expected = _generate(model, prompt, 4, generation)
         torch.manual_seed(seed)
-        got = lean_sample(model, prompt, 4, generation, 1)
+        got = lean_sample(model, [prompt], 4, generation, 1)[0]
         assert got is not None
         assert torch.equal(got, expected)
 
@@ -49,7 +49,7 @@ def test_eos_pads_the_rest_and_stops_when_every_sequence_ended(model):
         torch.manual_seed(0)
         expected = _generate(model, prompt, 6, generation)
         torch.manual_seed(0)
-        got = lean_sample(model, prompt, 6, generation, 1)
+        got = lean_sample(model, [prompt], 6, generation, 1)[0]
     finally:
         model.generation_config.eos_token_id = original
     assert torch.equal(got, expected)
@@ -60,19 +60,19 @@ def test_eos_pads_the_rest_and_stops_when_every_sequence_ended(model):
 def test_steps_aside_for_what_it_does_not_reproduce(model):
     generation = dict(SETTINGS[0])
     prompt = torch.tensor([[5, 6, 7]])
-    assert lean_sample(model, prompt, 2, {**generation, "repetition_penalty": 1.3}, 1) is None
-    assert lean_sample(model, prompt, 2, {**generation, "do_sample": False}, 1) is None
+    assert lean_sample(model, [prompt], 2, {**generation, "repetition_penalty": 1.3}, 1) is None
+    assert lean_sample(model, [prompt], 2, {**generation, "do_sample": False}, 1) is None
     model.generation_config.no_repeat_ngram_size = 2
     try:
-        assert lean_sample(model, prompt, 2, generation, 1) is None
+        assert lean_sample(model, [prompt], 2, generation, 1) is None
     finally:
         model.generation_config.no_repeat_ngram_size = None
     hook = model.model.layers[0].mlp.register_forward_hook(lambda *args: None)
     try:
-        assert lean_sample(model, prompt, 2, generation, 1) is None
+        assert lean_sample(model, [prompt], 2, generation, 1) is None
     finally:
         hook.remove()
-    assert lean_sample(model, prompt, 2, generation, 1) is not None
+    assert lean_sample(model, [prompt], 2, generation, 1) is not None
 
 
 def test_a_large_weight_takes_the_transposed_product_and_it_equals_f_linear(monkeypatch):
@@ -115,7 +115,7 @@ def test_same_tokens_as_generate_on_a_model_wide_enough_for_the_transposed_produ
         torch.manual_seed(seed)
         expected = _generate(model, prompt, 4, generation)
         torch.manual_seed(seed)
-        assert torch.equal(lean_sample(model, prompt, 4, generation, 1), expected)
+        assert torch.equal(lean_sample(model, [prompt], 4, generation, 1)[0], expected)
 
 
 def test_the_fixed_shape_step_a_cuda_graph_replays_equals_the_eager_step(model):
@@ -143,3 +143,64 @@ def test_the_transposed_product_is_chosen_by_the_cpu_vendor(tmp_path):
         if vendor is not None:
             info.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: 25\n")
         assert _transposed_products_pay(str(info)) is expected
+
+
+@pytest.mark.parametrize("generation", SETTINGS)
+def test_prompts_sampled_together_draw_what_each_draws_alone(model, generation):
+    """Prompts of different lengths decode in the same steps, each from its own generator: each gets
+    the tokens (and the length, up to its own rows' EOS) that a call of its own draws from that
+    seed, and the global generator is left alone."""
+    prompts = [torch.randint(5, 200, (1, n), generator=torch.Generator().manual_seed(n)) for n in (3, 9, 5)]
+    eos = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = list(range(100, 200))  # rows end early, at different steps
+    try:
+        alone = [lean_sample(model, [p], 3, generation, 1, [torch.Generator().manual_seed(j)])[0]
+                 for j, p in enumerate(prompts)]
+        state = torch.get_rng_state()
+        together = lean_sample(model, prompts, 3, generation, 1,
+                               [torch.Generator().manual_seed(j) for j in range(len(prompts))])
+    finally:
+        model.generation_config.eos_token_id = eos
+    assert torch.equal(torch.get_rng_state(), state)
+    for got, expected in zip(together, alone, strict=True):
+        assert torch.equal(got, expected)
+    new = [got.shape[1] - p.shape[1] for got, p in zip(together, prompts)]
+    assert len(set(new)) > 1 or min(new) == generation["max_new_tokens"], new  # some ended early
+
+
+def test_the_fixed_shape_step_takes_a_position_per_row(model):
+    """Rows at different positions (prompts of different lengths side by side) get each row's own
+    eager step's logits."""
+    from comlrl_core.decoding import _Decoder
+
+    prompts = [torch.tensor([[5, 6, 7, 8]]), torch.tensor([[9, 10]])]
+    with torch.inference_mode():
+        alone = [_Decoder(model, 1, 8, p.device) for p in prompts]
+        both = _Decoder(model, 2, 8, prompts[0].device)
+        for j, p in enumerate(prompts):
+            alone[j].logits(p, 0)
+            both.logits(p, 0, slice(j, j + 1))
+        positions = torch.tensor([4, 2])
+        for step, token in enumerate(([20, 21], [30, 31], [40, 41])):
+            got = both.step(torch.tensor(token)[:, None], positions + step)
+            for j in range(2):
+                expected = alone[j].logits(torch.tensor([[token[j]]]), int(positions[j]) + step)
+                torch.testing.assert_close(got[j:j + 1], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_generate_draws_from_each_prompts_generator_where_it_samples(model):
+    """Where ``generate`` samples instead (here: an option the lean sampler lacks), prompt j still
+    draws from its own generator, and the global generator is left where it was."""
+    from comlrl_core.rollout import generate_ids
+
+    generation = {**SETTINGS[0], "repetition_penalty": 1.3}
+    prompts = [torch.tensor([[5, 6, 7]]), torch.tensor([[8, 9]])]
+    expected = []
+    for j, p in enumerate(prompts):
+        torch.manual_seed(j)
+        expected.append(_generate(model, p, 2, generation))
+    state = torch.get_rng_state()
+    with torch.inference_mode():
+        got = generate_ids(model, prompts, 2, generation, 1, [torch.Generator().manual_seed(j) for j in range(2)])
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))

@@ -239,7 +239,7 @@ def test_sample_agents_on_cpu_equals_sequential_sampling(two_agents):
     sequential = [sample(p, t, q, 3, GENERATION) for p, t, q in zip(policies, tokenizers, prompts)]
     torch.manual_seed(3)
     assert same(sample_agents(policies, tokenizers, prompts, 3, GENERATION), sequential)
-    with pytest.raises(ValueError, match="2 policies, 1 tokenizers and 2 prompts"):
+    with pytest.raises(ValueError, match="2 policies, 1 tokenizers, prompts for \\[2\\] agents"):
         sample_agents(policies, tokenizers[:1], prompts, 3, GENERATION)
 
 

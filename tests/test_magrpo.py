@@ -257,3 +257,40 @@ def test_config_defaults_avoid_the_reference_traps():
     assert config.num_turns == 1 and config.early_termination_threshold is None
     assert config.train_batch_size == config.rollout_buffer_size
     assert MAGRPOConfig(advantage_mode="RLOO", joint_mode="align").advantage_mode == "rloo"
+
+
+def test_items_before_an_update_are_sampled_together_and_draw_what_they_draw_alone(tiny_models, monkeypatch, tmp_path):
+    """With ``rollout_buffer_size=3`` the items before each update sample their first turn in one
+    call per agent (a checkpoint every 2 items cuts those windows); each item draws from its own
+    stream, so the run trains exactly as one that samples item by item."""
+    from comlrl_core import rollout
+    from comlrl_core.trainers import base
+
+    calls = []
+    original = rollout.generate_ids
+
+    def counting(model, prompts, *args, **kwargs):
+        calls.append(len(prompts))
+        return original(model, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(rollout, "generate_ids", counting)
+
+    def run(tmp, one_by_one: bool):
+        if one_by_one:
+            monkeypatch.setattr(MAGRPOTrainer, "_items_until_update", lambda self: 1)
+        trainer = MAGRPOTrainer(agent_model=tiny_models["qwen2-tiny"], num_agents=2, reward_func=length_ratio_reward,
+                                train_dataset=length_ratio_dataset(7),
+                                args=small_config(rollout_buffer_size=3, num_train_epochs=2))
+        calls.clear()
+        trainer.train(checkpoint_dir=tmp, checkpoint_steps=2)
+        rewards = [m["turn_1/reward_mean"] for m in trainer.history if "turn_1/reward_mean" in m]
+        return weights(trainer), rewards, list(calls)
+
+    together, rewards, calls_together = run(tmp_path / "a", False)
+    alone, rewards_alone, calls_alone = run(tmp_path / "b", True)
+    assert calls_alone == [1] * 28  # 7 items x 2 agents x 2 epochs
+    # Windows end where the buffer fills (3 samples) or a checkpoint falls (every 2 items of the run):
+    # epoch 1 [0 1] [2] [3] [4 5] [6], epoch 2 (items 8-14 of the run) [0] [1 2] [3 4] [5] [6]; 2 agents each.
+    assert calls_together == [2, 2, 1, 1, 1, 1, 2, 2, 1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 1, 1]
+    assert rewards == rewards_alone
+    assert same(together, alone)

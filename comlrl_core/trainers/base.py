@@ -23,7 +23,7 @@ from ..distributed import context
 from ..entities import EntityPlan, plan_entities
 from ..export import ExportEntry, export_models
 from ..rewards import RewardFunction
-from ..rollout import sample_agents
+from ..rollout import ItemDraws, sample_agents, sample_items
 from ..tracking import Tracker, check_wandb_config
 from .checkpointing import CheckpointMixin, Progress, latest_checkpoint
 from .data import build_formatters, check_dataset, epoch_items, is_map_style, next_prompts
@@ -49,13 +49,20 @@ class TrainerBase(CheckpointMixin):
     def _optimizer_groups(self) -> dict[str, list[torch.optim.Optimizer]]:
         raise NotImplementedError
 
-    def _train_item(self, item: dict | None, generation: dict) -> dict:
-        """Roll out ``item`` and update when the buffers are full; returns the step's metrics.
+    def _train_item(self, item: dict | None, generation: dict, draws: ItemDraws | None) -> dict:
+        """Roll out ``item``, sampling from ``draws`` (its stream, and maybe its first turn already
+        sampled), and update when the buffers are full; returns the step's metrics.
 
         In a data-parallel job every rank calls this once per global step, ``item=None`` on a rank
         left without one at the end of an epoch: it only joins the collectives.
         """
         raise NotImplementedError
+
+    def _items_until_update(self) -> int:
+        """How many more items each rank can roll out before a policy next changes, at least: their
+        first turns are sampled together, one call per agent. Every rank calls it at once (it may
+        use collectives)."""
+        return 1
 
     def _end_epoch(self) -> dict:
         """Drain what is buffered so the epoch boundary is a clean checkpoint point; returns metrics."""
@@ -224,8 +231,10 @@ class TrainerBase(CheckpointMixin):
     def _loop(self, generation, checkpoint_dir, interval, steps, total_limit) -> None:
         """Epochs of global steps: each of the ``world_size`` ranks takes one of the next items.
 
-        Each item's rollout draws from a stream seeded by ``(seed, iteration, epoch, index)``, so what is
-        sampled for an item does not depend on the number of processes or on where a run resumed.
+        Each item's rollout draws from its own stream seeded by ``(seed, iteration, epoch, index)``, so
+        what is sampled for an item does not depend on the number of processes, on where a run
+        resumed, or on which items it was sampled with: the items rolled out before the next policy
+        update sample their first turns together (``_next_window``).
         """
         args, world, rank = self.args, self.dist.world_size, self.dist.rank
         if self.progress.epoch > args.num_train_epochs:
@@ -234,27 +243,57 @@ class TrainerBase(CheckpointMixin):
         while self.progress.epoch < args.num_train_epochs:
             epoch = self.progress.epoch
             items = epoch_items(self.train_dataset, epoch, args.seed, args.shuffle, self.progress.index)
-            for group in iter(lambda: list(itertools.islice(items, world)), []):
-                indices = [index for index, _ in group]
-                if args.eval_interval and self.eval_dataset is not None and any(
-                        i % args.eval_interval == 0 for i in indices):
-                    self.tracker.log(self.evaluate(), self.progress.env_step)
-                mine = group[rank] if rank < len(group) else None
-                if mine is not None:
-                    self._seed_item("train", self.progress.iteration, epoch, mine[0])
-                self._log_train(self._synced_step(lambda: self._train_item(mine and mine[1], generation)))
-                done = self.progress.items_done
-                self.progress.index = indices[-1] + 1
-                self.progress.items_done += len(group)
-                if (steps and self.progress.items_done // steps > done // steps
-                        and not self._epoch_ends_at(indices[-1])):
-                    self._commit(checkpoint_dir, save=True, total_limit=total_limit)
+            groups = iter(lambda: list(itertools.islice(items, world)), [])
+            while window := self._next_window(groups, epoch, steps, generation):
+                for group, draws in window:
+                    indices = [index for index, _ in group]
+                    if args.eval_interval and self.eval_dataset is not None and any(
+                            i % args.eval_interval == 0 for i in indices):
+                        self.tracker.log(self.evaluate(), self.progress.env_step)
+                    mine = group[rank] if rank < len(group) else None
+                    if mine is not None:
+                        self._seed_item("train", self.progress.iteration, epoch, mine[0])
+                    self._log_train(self._synced_step(lambda: self._train_item(mine and mine[1], generation, draws)))
+                    done = self.progress.items_done
+                    self.progress.index = indices[-1] + 1
+                    self.progress.items_done += len(group)
+                    if (steps and self.progress.items_done // steps > done // steps
+                            and not self._epoch_ends_at(indices[-1])):
+                        self._commit(checkpoint_dir, save=True, total_limit=total_limit)
             self._log_train(self._synced_step(self._end_epoch))
             self.progress.epoch, self.progress.index = epoch + 1, 0
             due = (epoch + 1) % interval == 0 or self.progress.epoch == args.num_train_epochs
             self._commit(checkpoint_dir, save=due, total_limit=total_limit)
             if self.progress.epoch == args.num_train_epochs and args.eval_interval and self.eval_dataset is not None:
                 self.tracker.log(self.evaluate(), self.progress.env_step)  # the "after" figure
+
+    def _next_window(self, groups, epoch: int, steps: int | None,
+                     generation: dict) -> list[tuple[list, ItemDraws | None]]:
+        """The next global steps whose rollouts one policy samples (``_items_until_update``, cut where
+        a mid-epoch checkpoint falls, so no checkpoint is ever taken with items sampled ahead), each
+        with this rank's item's draws; the first turns of this rank's items sampled together."""
+        window, done, size = [], self.progress.items_done, self._items_until_update()
+        for group in groups:
+            window.append(group)
+            done += len(group)
+            if len(window) >= size or (steps and done // steps > (done - len(group)) // steps):
+                break
+        rank = self.dist.rank
+        mine = [group[rank] if rank < len(group) else None for group in window]
+        draws = [ItemDraws(self._item_seed("train", self.progress.iteration, epoch, m[0])) if m else None for m in mine]
+        present = [(m[1], d) for m, d in zip(mine, draws) if m]
+        if len(present) > 1:
+            self._sample_ahead([item for item, _ in present], [d for _, d in present], generation)
+        return list(zip(window, draws))
+
+    def _sample_ahead(self, items: list[dict], draws: list[ItemDraws], generation: dict) -> None:
+        """The first turn of several items in one sampling call per agent, kept in their draws."""
+        prompts = [[f(item) for f in self.formatters] for item in items]
+        policies = [self._policy(i) for i in range(self.num_agents)]
+        k = self.args.num_generations
+        sampled = sample_items(policies, self.tokenizers, prompts, k, generation, draws)
+        for p, d, completions in zip(prompts, draws, sampled):
+            d.ahead = (p, k, completions)
 
     def _synced_step(self, step: Callable[[], dict]) -> dict:
         """Run one step on every rank; ``env_step`` then counts every rank's environment steps."""
@@ -273,10 +312,14 @@ class TrainerBase(CheckpointMixin):
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
 
+    def _item_seed(self, *key) -> int:
+        """The seed of ``(seed, *key)``: the same on any rank, at any world size."""
+        digest = hashlib.sha256(repr((self.args.seed, *key)).encode()).digest()
+        return int.from_bytes(digest[:8], "little") >> 1
+
     def _seed_item(self, *key) -> None:
         """Seed every global generator from ``(seed, *key)``: the same draws on any rank, at any world size."""
-        digest = hashlib.sha256(repr((self.args.seed, *key)).encode()).digest()
-        seed = int.from_bytes(digest[:8], "little") >> 1
+        seed = self._item_seed(*key)
         random.seed(seed)
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)

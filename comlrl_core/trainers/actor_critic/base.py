@@ -152,7 +152,14 @@ class ActorCriticTrainerBase(TrainerBase):
         return [[next(read[c]) for c, _ in rows] for rows in inputs], inputs
 
     # ---- rollout --------------------------------------------------------------------------------
-    def _train_item(self, item: dict | None, generation: dict) -> dict:
+    def _items_until_update(self) -> int:
+        """Each item adds at least K samples to every actor's buffer, on every rank with an item (the
+        critics' updates leave the policies as they are, but a shared value head's is the actor's)."""
+        buffered = max(self.dist.sum([len(b) for b in self.actor_buffers]))
+        full, world = self.args.rollout_buffer_size * self.dist.world_size, self.dist.world_size
+        return max(1, -(-(full - buffered) // (self.args.num_generations * world)))
+
+    def _train_item(self, item: dict | None, generation: dict, draws=None) -> dict:
         if item is None:  # a rank left without an item still joins the updates
             return self._update_full_buffers()
         args = self.args
@@ -162,7 +169,8 @@ class ActorCriticTrainerBase(TrainerBase):
         history = ([[] for _ in range(n)], [[] for _ in range(n)])
         turns, tokens, kls = [], 0, []
         for turn in range(args.num_turns):
-            completions = sample_agents([self._policy(i) for i in range(n)], self.tokenizers, prompts, k, generation)
+            completions = sample_agents([self._policy(i) for i in range(n)], self.tokenizers, prompts, k, generation,
+                                        draws)
             tokens += sum(int(c.mask.sum()) for c in completions)
             values, critic_inputs = self._rollout_values(prompts, completions)
             rewards = self.reward([c.texts for c in completions], prompts=list(prompts), batch_items=[item])

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from ...checkpoint import METADATA, CheckpointError
 from ...entities import load_reward_model, place_entities
 from ...export import ExportEntry
-from ...rollout import sample_agents
+from ...rollout import ItemDraws, sample_items
 from ..actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from ..base import TrainerBase
 from ..checkpointing import Progress
@@ -40,6 +40,10 @@ from ..optim import adamw
 from ..reinforce import MAGRPOConfig, MAGRPOTrainer
 from .config import RL_ALGORITHMS, MARLHFConfig, MARLHFIterConfig
 from .preferences import PreferenceSet, joint_text, select_pairs
+
+# Candidate rows per sampling call when collecting: items are sampled together up to this many (the
+# policy is fixed for the whole collection), enough to share a decode step's weight reads widely.
+COLLECT_ROWS = 64
 
 
 class LearnedReward:
@@ -150,22 +154,31 @@ class MARLHFTrainer(TrainerBase):
         args = self.args
         records = []
         items = epoch_items(self.train_dataset, self.progress.iteration, args.seed, False, 0)
-        for index, item in itertools.islice(items, self.dist.rank, None, self.dist.world_size):
-            self._seed_item("collect", self.progress.iteration, index)
-            prompts = [f(item) for f in self.formatters]
-            policies = [self.policy._policy(i) for i in range(self.num_agents)]
-            candidates = sample_agents(policies, self.tokenizers, prompts, args.preference_num_candidates, generation)
-            rewards = self.reward([c.texts for c in candidates], prompts=prompts, batch_items=[item])
-            self.progress.env_step += len(rewards)
-            mean = sum(rewards) / len(rewards)
-            for w, l in select_pairs(rewards, args.pair_selection, args.preference_pairs_per_sample):
-                records.append({
-                    "iteration": self.progress.iteration, "item": index, "prompts": prompts,
-                    "winner_completions": [c.texts[w] for c in candidates],
-                    "loser_completions": [c.texts[l] for c in candidates],
-                    "winner_reward": rewards[w], "loser_reward": rewards[l], "candidate_reward_mean": mean,
-                })
+        mine = itertools.islice(items, self.dist.rank, None, self.dist.world_size)
+        policies = [self.policy._policy(i) for i in range(self.num_agents)]
+        k = args.preference_num_candidates
+        for chunk in iter(lambda: list(itertools.islice(mine, max(1, COLLECT_ROWS // k))), []):
+            prompts_of = [[f(item) for f in self.formatters] for _, item in chunk]
+            draws = [ItemDraws(self._item_seed("collect", self.progress.iteration, index)) for index, _ in chunk]
+            sampled = sample_items(policies, self.tokenizers, prompts_of, k, generation, draws)
+            for (index, item), prompts, candidates in zip(chunk, prompts_of, sampled):
+                self._collect_item(index, item, prompts, candidates, records)
         return sorted((r for rank in self.dist.gather(records) for r in rank), key=lambda r: r["item"])
+
+    def _collect_item(self, index: int, item: dict, prompts: list[str], candidates: list, records: list[dict]) -> None:
+        """Score one item's candidates with the task reward and keep its chosen pairs in ``records``."""
+        args = self.args
+        self._seed_item("collect", self.progress.iteration, index)  # what the reward function may draw
+        rewards = self.reward([c.texts for c in candidates], prompts=prompts, batch_items=[item])
+        self.progress.env_step += len(rewards)
+        mean = sum(rewards) / len(rewards)
+        for w, l in select_pairs(rewards, args.pair_selection, args.preference_pairs_per_sample):
+            records.append({
+                "iteration": self.progress.iteration, "item": index, "prompts": prompts,
+                "winner_completions": [c.texts[w] for c in candidates],
+                "loser_completions": [c.texts[l] for c in candidates],
+                "winner_reward": rewards[w], "loser_reward": rewards[l], "candidate_reward_mean": mean,
+            })
 
     def _output_dir(self) -> Path | None:
         """``preference_output_dir``; a non-empty one gets a fresh ``resume-*``/``run-*`` subdirectory."""
@@ -255,8 +268,14 @@ class MARLHFTrainer(TrainerBase):
         return float((margins > 0).float().mean())
 
     # ---- stage 3: policy ------------------------------------------------------------------------
-    def _train_item(self, item: dict | None, generation: dict) -> dict:
-        return self.policy._train_item(item, generation)
+    def _train_item(self, item: dict | None, generation: dict, draws=None) -> dict:
+        return self.policy._train_item(item, generation, draws)
+
+    def _items_until_update(self) -> int:
+        return self.policy._items_until_update()
+
+    def _sample_ahead(self, items, draws, generation) -> None:
+        self.policy._sample_ahead(items, draws, generation)
 
     def _end_epoch(self) -> dict:
         return self.policy._end_epoch()

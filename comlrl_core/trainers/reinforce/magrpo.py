@@ -92,11 +92,11 @@ class MAGRPOTrainer(TrainerBase):
             return list(itertools.product(range(k), repeat=n))
         return [(j,) * n for j in range(k)]
 
-    def _node(self, item, prompts, turn, history, generation, samples, stats) -> list[float]:
+    def _node(self, item, prompts, turn, history, generation, draws, samples, stats) -> list[float]:
         """Expand one node; returns the discounted return of each of its joint samples."""
         args = self.args
         k = args.num_generations
-        completions = sample_agents(self.agents, self.tokenizers, prompts, k, generation)
+        completions = sample_agents(self.agents, self.tokenizers, prompts, k, generation, draws)
         stats["tokens"] += sum(int(c.mask.sum()) for c in completions)
         joint = self._joint_indices()
         texts = [[completions[i].texts[j[i]] for j in joint] for i in range(self.num_agents)]
@@ -112,7 +112,8 @@ class MAGRPOTrainer(TrainerBase):
                 response_hist = [h + [c] for h, c in zip(history[1], chosen)]
                 nxt = next_prompts(self.external_transition, item, chosen, prompt_hist, response_hist,
                                    self.formatters, args.external_prompt_passthrough)
-                child = self._node(item, nxt, turn + 1, (prompt_hist, response_hist), generation, samples, stats)
+                child = self._node(item, nxt, turn + 1, (prompt_hist, response_hist), generation, draws, samples,
+                                   stats)
                 returns[x] += args.discount * sum(child) / len(child)
         stats["returns"].setdefault(turn, []).extend(returns)
         for i, comp in enumerate(completions):
@@ -154,7 +155,13 @@ class MAGRPOTrainer(TrainerBase):
             losses.append(total / count)
         return losses
 
-    def _train_item(self, item: dict | None, generation: dict) -> dict:
+    def _items_until_update(self) -> int:
+        """Each item adds at least one sample to every agent's buffer, on every rank with an item."""
+        buffered = max(self.dist.sum([len(b) for b in self.buffers]))
+        full, world = self.args.rollout_buffer_size * self.dist.world_size, self.dist.world_size
+        return max(1, -(-(full - buffered) // world))
+
+    def _train_item(self, item: dict | None, generation: dict, draws=None) -> dict:
         started = time.perf_counter()
         metrics = {}
         if item is not None:
@@ -162,7 +169,7 @@ class MAGRPOTrainer(TrainerBase):
             samples: list[NodeSample] = []
             prompts = [f(item) for f in self.formatters]
             empty = [[] for _ in range(self.num_agents)]
-            self._node(item, prompts, 0, (empty, copy.deepcopy(empty)), generation, samples, stats)
+            self._node(item, prompts, 0, (empty, copy.deepcopy(empty)), generation, draws, samples, stats)
             rollout_seconds = time.perf_counter() - started
             for s in samples:
                 self.buffers[s.agent].append(s)
