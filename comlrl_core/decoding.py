@@ -211,11 +211,11 @@ class _Decoder:
         batch = ids.shape[0]
         positions = positions.expand(batch)
         visible = (torch.arange(self.cos.shape[2], device=ids.device) <= positions[:, None])[:, None, None]
-        every = torch.arange(batch, device=ids.device)
+        at = positions.view(batch, 1, 1, 1).expand(batch, self.kv_heads, 1, self.head_dim)  # row b's slot
 
         def attend(keys, values, q, k, v):
-            keys[every, :, positions] = k[:, :, 0]
-            values[every, :, positions] = v[:, :, 0]
+            keys.scatter_(2, at, k)
+            values.scatter_(2, at, v)
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=self.scale,
                                                   enable_gqa=self.heads != self.kv_heads)
 

@@ -14,6 +14,10 @@ from transformers import PreTrainedTokenizerBase
 from .batching import forward_on_prefixes, right_pad, share_prefixes
 from .decoding import lean_sample
 
+# Rows one sampling call takes where many items wait under the same weights (an evaluation, a
+# preference collection): enough that a decode step's weight reads serve many rows.
+ROWS_PER_CALL = 64
+
 
 @dataclass
 class Completions:

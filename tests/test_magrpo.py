@@ -294,3 +294,25 @@ def test_items_before_an_update_are_sampled_together_and_draw_what_they_draw_alo
     assert calls_together == [2, 2, 1, 1, 1, 1, 2, 2, 1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 1, 1]
     assert rewards == rewards_alone
     assert same(together, alone)
+
+
+def test_evaluation_samples_its_items_together_as_each_alone(tiny_models, monkeypatch):
+    """Every eval item's turn is one sampling call per agent, each item from its own seed: the same
+    completions and rewards as one call per item."""
+    from comlrl_core.trainers import base
+
+    logged = []
+
+    def eval_logger(agent_completions_turns, **_):
+        logged.append(agent_completions_turns)
+        return []
+
+    trainer = MAGRPOTrainer(agent_model=tiny_models["qwen2-tiny"], num_agents=2, reward_func=length_ratio_reward,
+                            train_dataset=length_ratio_dataset(2), eval_dataset=length_ratio_dataset(5, offset=6),
+                            eval_logger=eval_logger,
+                            eval_aggregator=lambda per_item, num_turns: {},
+                            args=small_config(eval_num_samples=5))
+    together = trainer.evaluate()
+    monkeypatch.setattr(base, "ROWS_PER_CALL", 1)
+    assert trainer.evaluate() == together
+    assert logged[0] == logged[1] and len(logged[0][0]) == 5

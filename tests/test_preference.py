@@ -212,11 +212,11 @@ def test_config_aliases_and_iter_defaults():
 
 
 def test_collection_samples_items_together_and_each_draws_what_it_draws_alone(tiny_models, monkeypatch):
-    """Collection samples up to ``COLLECT_ROWS`` candidate rows per call, several items at once, and
+    """Collection samples up to ``ROWS_PER_CALL`` candidate rows per call, several items at once, and
     each item draws from its own stream: the same pairs as sampling item by item."""
     from comlrl_core.trainers.preference import marlhf
 
     together = build(tiny_models, items=5).collect_preferences()
-    monkeypatch.setattr(marlhf, "COLLECT_ROWS", 1)  # one item per call
+    monkeypatch.setattr(marlhf, "ROWS_PER_CALL", 1)  # one item per call
     alone = build(tiny_models, items=5).collect_preferences()
     assert together.records == alone.records and len(together.records) == 20

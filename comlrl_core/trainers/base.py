@@ -23,7 +23,7 @@ from ..distributed import context
 from ..entities import EntityPlan, plan_entities
 from ..export import ExportEntry, export_models
 from ..rewards import RewardFunction
-from ..rollout import ItemDraws, sample_agents, sample_items
+from ..rollout import ROWS_PER_CALL, ItemDraws, sample_items
 from ..tracking import Tracker, check_wandb_config
 from .checkpointing import CheckpointMixin, Progress, latest_checkpoint
 from .data import build_formatters, check_dataset, epoch_items, is_map_style, next_prompts
@@ -387,7 +387,8 @@ class TrainerBase(CheckpointMixin):
 
     # ---- evaluation -----------------------------------------------------------------------------
     def evaluate(self) -> dict:
-        """One joint trajectory per eval item, sampled under a fixed seed (training RNG is untouched)."""
+        """One joint trajectory per eval item, each from its own fixed seed, every item's turn sampled
+        together (training RNG is untouched)."""
         args = self.args
         if self.eval_dataset is None or args.eval_num_samples == 0:
             return {}
@@ -397,22 +398,27 @@ class TrainerBase(CheckpointMixin):
         completions_log = [[[] for _ in items] for _ in range(self.num_agents)]
         devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(args.seed)
-            for n, item in enumerate(items):
-                prompts = [f(item) for f in self.formatters]
-                history = ([[] for _ in self.agents], [[] for _ in self.agents])
-                for turn in range(args.num_turns):
-                    policies = [self._policy(i) for i in range(self.num_agents)]
-                    texts = [c.texts[0] for c in sample_agents(policies, self.tokenizers, prompts, 1, generation)]
+            torch.manual_seed(args.seed)  # what a reward function may draw
+            draws = [ItemDraws(self._item_seed("eval", n)) for n in range(len(items))]
+            prompts = [[f(item) for f in self.formatters] for item in items]
+            history = [([[] for _ in self.agents], [[] for _ in self.agents]) for _ in items]
+            policies = [self._policy(i) for i in range(self.num_agents)]
+            for turn in range(args.num_turns):
+                sampled = []
+                for start in range(0, len(items), ROWS_PER_CALL):  # every item's turn together
+                    sampled += sample_items(policies, self.tokenizers, prompts[start:start + ROWS_PER_CALL], 1,
+                                            generation, draws[start:start + ROWS_PER_CALL])
+                for n, (item, completions) in enumerate(zip(items, sampled)):
+                    texts = [c.texts[0] for c in completions]
                     for i, text in enumerate(texts):
                         completions_log[i][n].append(text)
-                    rewards[turn].append(self.eval_reward([[t] for t in texts], prompts=prompts,
+                    rewards[turn].append(self.eval_reward([[t] for t in texts], prompts=prompts[n],
                                                           batch_items=[item])[0])
                     if turn + 1 < args.num_turns:
-                        history = ([h + [p] for h, p in zip(history[0], prompts)],
-                                   [h + [t] for h, t in zip(history[1], texts)])
-                        prompts = next_prompts(self.external_transition, item, texts, history[0], history[1],
-                                               self.formatters, args.external_prompt_passthrough)
+                        history[n] = ([h + [p] for h, p in zip(history[n][0], prompts[n])],
+                                      [h + [t] for h, t in zip(history[n][1], texts)])
+                        prompts[n] = next_prompts(self.external_transition, item, texts, history[n][0],
+                                                  history[n][1], self.formatters, args.external_prompt_passthrough)
         metrics = {}
         for turn in range(args.num_turns):
             metrics[f"eval/turn_{turn + 1}/reward_mean"] = sum(rewards[turn]) / len(rewards[turn])

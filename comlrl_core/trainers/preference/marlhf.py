@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from ...checkpoint import METADATA, CheckpointError
 from ...entities import load_reward_model, place_entities
 from ...export import ExportEntry
-from ...rollout import ItemDraws, sample_items
+from ...rollout import ROWS_PER_CALL, ItemDraws, sample_items
 from ..actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from ..base import TrainerBase
 from ..checkpointing import Progress
@@ -40,10 +40,6 @@ from ..optim import adamw
 from ..reinforce import MAGRPOConfig, MAGRPOTrainer
 from .config import RL_ALGORITHMS, MARLHFConfig, MARLHFIterConfig
 from .preferences import PreferenceSet, joint_text, select_pairs
-
-# Candidate rows per sampling call when collecting: items are sampled together up to this many (the
-# policy is fixed for the whole collection), enough to share a decode step's weight reads widely.
-COLLECT_ROWS = 64
 
 
 class LearnedReward:
@@ -157,7 +153,7 @@ class MARLHFTrainer(TrainerBase):
         mine = itertools.islice(items, self.dist.rank, None, self.dist.world_size)
         policies = [self.policy._policy(i) for i in range(self.num_agents)]
         k = args.preference_num_candidates
-        for chunk in iter(lambda: list(itertools.islice(mine, max(1, COLLECT_ROWS // k))), []):
+        for chunk in iter(lambda: list(itertools.islice(mine, max(1, ROWS_PER_CALL // k))), []):
             prompts_of = [[f(item) for f in self.formatters] for _, item in chunk]
             draws = [ItemDraws(self._item_seed("collect", self.progress.iteration, index)) for index, _ in chunk]
             sampled = sample_items(policies, self.tokenizers, prompts_of, k, generation, draws)
