@@ -135,19 +135,22 @@ def share_prefixes(model: nn.Module, sequences: list[torch.Tensor], limits: list
 
 
 def forward_on_prefixes(model: nn.Module, shared: SharedPrefixes, tail_ids: torch.Tensor, tail_present: torch.Tensor,
-                        **prefix_kwargs):
+                        run=None, **prefix_kwargs):
     """``model``'s output for the rows' right-padded tails [B, T] (0/1 ``tail_present``), each read
     after its group's prefix: the distinct prefixes fill one cache (with gradients outside
     ``inference_mode``), which is indexed out to the rows, and the tails run on it at their own
-    positions. ``prefix_kwargs`` go to the prefix pass only (``logits_to_keep=1`` for a causal LM)."""
+    positions. ``prefix_kwargs`` go to the prefix pass only (``logits_to_keep=1`` for a causal LM);
+    ``run`` (default: ``model`` itself) is called with the forward's arguments for both passes, and
+    what it returns for the tails is returned."""
+    run = run or model
     device = next(model.parameters()).device
     prefix_ids, prefix_mask = right_pad(shared.prefixes)
     groups = shared.groups
     cache = DynamicCache(config=model.config)
-    model(input_ids=prefix_ids.to(device), attention_mask=prefix_mask.to(device), use_cache=True,
-          **{shared.keyword: cache}, **prefix_kwargs)
+    run(input_ids=prefix_ids.to(device), attention_mask=prefix_mask.to(device), use_cache=True,
+        **{shared.keyword: cache}, **prefix_kwargs)
     cache.batch_select_indices(groups.to(device))
     mask = torch.cat([prefix_mask[groups], tail_present], dim=1)
     positions = prefix_mask.sum(dim=1)[groups][:, None] + torch.arange(tail_ids.shape[1])
-    return model(input_ids=tail_ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                 use_cache=True, **{shared.keyword: cache})
+    return run(input_ids=tail_ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+               use_cache=True, **{shared.keyword: cache})

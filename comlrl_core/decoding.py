@@ -154,7 +154,8 @@ def _warpers(generation: dict) -> list:
     return warpers
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding as Llama-style models apply it (halves rotated, not pairs)."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
@@ -230,7 +231,7 @@ class _Decoder:
         for layer, (keys, values) in zip(self.layers, self.cache):
             heads = layer.qkv(layer.input_norm(x)).view(batch, length, self.heads + 2 * self.kv_heads, self.head_dim)
             qk, v = heads.split([self.heads + self.kv_heads, self.kv_heads], dim=2)
-            q, k = _rotate(qk.transpose(1, 2), cos, sin).split([self.heads, self.kv_heads], dim=1)  # q and k at once
+            q, k = rotate(qk.transpose(1, 2), cos, sin).split([self.heads, self.kv_heads], dim=1)  # q and k at once
             attended = attend(keys, values, q, k, v.transpose(1, 2))
             x = x + layer.o_proj(attended.transpose(1, 2).reshape(batch, length, -1))
             gate, up = layer.gate_up(layer.post_norm(x)).chunk(2, dim=-1)

@@ -62,27 +62,25 @@ class Context:
         if self.active:
             dist.barrier()
 
-    def average_gradients(self, parameters: list[torch.nn.Parameter], total: int) -> None:
-        """Turn each rank's summed per-sample gradients into the mean over the global batch of
-        ``total`` samples (the caller sums the ranks' counts). A parameter without a gradient on
-        every rank keeps ``None``, as in one process, so the optimizer skips it there too."""
+    def sum_gradients(self, parameters: list[torch.nn.Parameter]) -> None:
+        """Sum the ranks' gradients: each rank backpropagates its share of the global mini-batch's
+        mean loss, so the sum is that mean's gradient (no pass over the gradients to divide them; a
+        no-op in one process). A parameter without a gradient on every rank keeps ``None``, as in
+        one process, so the optimizer skips it there too."""
+        if not self.active:
+            return
         params = [p for p in parameters if p.requires_grad]
-        if self.active:
-            present = torch.tensor([p.grad is not None for p in params], dtype=torch.float64,
-                                   device=self._comm_device)
-            dist.all_reduce(present)
-            params = [p for p, seen in zip(params, present.tolist()) if seen]
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            for bucket in _buckets(params):
-                flat = torch.cat([p.grad.reshape(-1).to(self._comm_device) for p in bucket])
-                dist.all_reduce(flat)
-                for p, part in zip(bucket, flat.split([p.numel() for p in bucket])):
-                    p.grad.copy_(part.view_as(p.grad))
+        present = torch.tensor([p.grad is not None for p in params], dtype=torch.float64, device=self._comm_device)
+        dist.all_reduce(present)
+        params = [p for p, seen in zip(params, present.tolist()) if seen]
         for p in params:
-            if p.grad is not None:
-                p.grad.div_(total)
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        for bucket in _buckets(params):
+            flat = torch.cat([p.grad.reshape(-1).to(self._comm_device) for p in bucket])
+            dist.all_reduce(flat)
+            for p, part in zip(bucket, flat.split([p.numel() for p in bucket])):
+                p.grad.copy_(part.view_as(p.grad))
 
     @property
     def _comm_device(self) -> torch.device:

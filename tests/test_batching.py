@@ -3,7 +3,7 @@ gives equal each row's own full forward (values and gradients)."""
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
 
 from comlrl_core.batching import PAYS_FROM, share_prefixes
 from comlrl_core.models import CausalLMWithValueHead, JointRewardModel
@@ -119,3 +119,56 @@ def test_q_critic_values_run_the_prompt_once_and_equal_each_sequence_alone(tiny_
     torch.testing.assert_close(values, alone, rtol=1e-5, atol=1e-5)
     for together, single in zip(shared_grads, _grads(critic)):
         torch.testing.assert_close(together, single, rtol=1e-4, atol=1e-6)
+
+
+
+def _final_norm_inputs(reward_model):
+    """The shapes the body's final norm is called on (a hook outside the last layer): [B, H] where
+    the last layer ran at the scored positions only, [B, L, H] where it ran whole."""
+    seen = []
+    reward_model.backbone.base_model.norm.register_forward_pre_hook(lambda _, args: seen.append(args[0].dim()))
+    return seen
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "qwen2-tiny", "mistral"])
+@pytest.mark.parametrize("prefix", [SYSTEM, SYSTEM[:3]], ids=["shared-prefix", "full-rows"])
+def test_the_last_layer_runs_at_the_scored_token_only_and_scores_as_the_full_forward(tiny_models, name, prefix):
+    """A scalar head reads one position per row, so the last decoder layer's queries, MLP and final
+    norm run there only (its keys and values everywhere): rows of different lengths, behind a
+    prefix that runs once or as full right-padded rows, score and train as the full forward."""
+    torch.manual_seed(0)
+    backbone = (MistralForCausalLM(MistralConfig(vocab_size=505, hidden_size=32, intermediate_size=64,
+                                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                 sliding_window=64, tie_word_embeddings=True))
+                if name == "mistral" else AutoModelForCausalLM.from_pretrained(tiny_models[name]))
+    model = JointRewardModel(backbone)
+    texts = [torch.cat([prefix, torch.tensor(tail)]) for tail in ([60, 61, 1, 2], [70], [80, 81, 82])]
+    seen = _final_norm_inputs(model)
+    weights = torch.tensor([1.0, -1.0, 0.5])
+    scores = model.score(texts)
+    (weights * scores).sum().backward()
+    assert seen == [2]  # one position per row
+    apart = _grads(model)
+    alone = torch.cat([model(t[None], torch.ones(1, len(t), dtype=torch.long)) for t in texts])
+    (weights * alone).sum().backward()
+    assert seen == [2, 3, 3, 3]  # ``forward`` runs the whole layer
+    torch.testing.assert_close(scores, alone, rtol=1e-5, atol=1e-5)
+    for together, single in zip(apart, _grads(model)):
+        torch.testing.assert_close(together, single, rtol=1e-4, atol=1e-6)
+
+
+def test_the_last_layer_runs_whole_where_running_it_apart_is_not_known_exact(tiny_models):
+    """Attention dropout in training, or a hook in the last layer (which running it apart would
+    bypass): the body's own forward runs, hooks and all."""
+    texts = [torch.tensor([5, 6, 7, 8]), torch.tensor([9, 10])]
+    model = JointRewardModel(AutoModelForCausalLM.from_pretrained(tiny_models["llama-tiny"], attention_dropout=0.1))
+    seen = _final_norm_inputs(model)
+    model.train()
+    model.score(texts)  # dropout in the attention
+    model.eval()
+    model.score(texts)
+    assert seen == [3, 2]
+    calls = []
+    model.backbone.base_model.layers[-1].mlp.register_forward_hook(lambda module, args, out: calls.append(out.shape))
+    model.score(texts)
+    assert seen == [3, 2, 3] and calls == [(2, 4, model.backbone.config.hidden_size)]

@@ -352,15 +352,15 @@ class TrainerBase(CheckpointMixin):
         return batches
 
     def _step(self, optimizer, module, loss: torch.Tensor | None, count: int, what: str) -> None:
-        """Backpropagate this rank's loss (a sum over its samples), average the gradient over the
-        ``count`` samples of every rank, clip and step."""
+        """Backpropagate this rank's loss (a sum over its samples) divided by the ``count`` samples of
+        every rank, sum the ranks' gradients (their mean over the global mini-batch), clip and step."""
         optimizer.zero_grad(set_to_none=True)
         if loss is not None:
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"{what}: non-finite loss ({loss.item()}); lower the learning rates or "
                                          "check the rewards.")
-            loss.backward()
-        self.dist.average_gradients(list(module.parameters()), count)
+            (loss / count).backward()
+        self.dist.sum_gradients(list(module.parameters()))
         if self.args.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(module.parameters(), self.args.max_grad_norm)
         optimizer.step()

@@ -225,7 +225,8 @@ class MARLHFTrainer(TrainerBase):
             random.shuffle(order)
             ranked_right = 0  # in this epoch, each pair measured just before its own update: no extra pass
             for start in range(0, len(order), args.reward_train_batch_size):
-                mine = order[start:start + args.reward_train_batch_size][self.dist.rank::self.dist.world_size]
+                batch = order[start:start + args.reward_train_batch_size]
+                mine = batch[self.dist.rank::self.dist.world_size]
                 self.reward_optimizer.zero_grad(set_to_none=True)
                 loss, right = torch.zeros(()), 0
                 if mine:
@@ -235,12 +236,12 @@ class MARLHFTrainer(TrainerBase):
                     if not torch.isfinite(loss):
                         raise FloatingPointError(f"reward model: non-finite loss ({loss.item()}); lower "
                                                  "reward_learning_rate.")
-                    loss.backward()
-                count, total, right = self.dist.sum([len(mine), loss.item(), right])
-                self.dist.average_gradients(list(self.reward_model.parameters()), count)
+                    (loss / len(batch)).backward()
+                total, right = self.dist.sum([loss.item(), right])
+                self.dist.sum_gradients(list(self.reward_model.parameters()))
                 self.reward_optimizer.step()
                 ranked_right += int(right)
-                losses.append(total / count)
+                losses.append(total / len(batch))
         self.reward_model.eval()
         metrics = {"reward_model/train_loss": sum(losses) / len(losses), "reward_model/train_pairs": len(train),
                    "reward_model/train_accuracy": ranked_right / len(train)}
