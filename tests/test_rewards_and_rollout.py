@@ -97,6 +97,22 @@ def test_sample_returns_k_completions_from_one_call(tiny_models):
     assert len(out.texts) == 4 and not out.completion_ids.is_inference()
 
 
+
+def test_sampling_runs_without_dropout_and_leaves_each_module_in_its_mode(tiny_models):
+    """Every module is in eval mode while sampling, and afterwards each is back in its own mode (a
+    submodule the user put in eval mode stays there); ``train()`` is never called, since on a model
+    loaded with hub kernels each call re-kernelizes it."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["qwen2-tiny"]).train()
+    model.model.layers[0].eval()
+    before = {name: m.training for name, m in model.named_modules()}
+    model.train = model.eval = lambda *args: pytest.fail("sampling switched modes through train()/eval()")
+    seen = []
+    model.model.norm.register_forward_pre_hook(lambda *_: seen.append(any(m.training for m in model.modules())))
+    sample(model, AutoTokenizer.from_pretrained(tiny_models["qwen2-tiny"]), "Write about cats:", 2,
+           {"do_sample": True, "max_new_tokens": 3})
+    assert seen and not any(seen)
+    assert {name: m.training for name, m in model.named_modules()} == before and not before["model.layers.0"]
+
 def test_advantage_modes_stay_distinct_under_normalisation():
     returns = [1.0, 2.0, 4.0]
     modes = {m: group_advantages(returns, m, True) for m in ("mean", "raw", "max", "rloo")}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -53,22 +55,38 @@ def last_token_scores(model: nn.Module, head: nn.Module, sequences: list[torch.T
     else:
         ids, present = right_pad([s[n:] for s, n in zip(unique, shared.lengths)])
     last = (present.sum(dim=1) - 1).to(device)
-    rows = torch.arange(len(unique), device=device)
     apart = _LastLayer.of(body, length) if body is not model else None
-    if apart is not None:
+    if apart is None:
         if shared is None:
-            hidden = apart.at(apart(input_ids=ids.to(device), attention_mask=present.to(device), use_cache=False), last)
+            hidden = last_hidden_state(model, ids.to(device), present.to(device))
         else:
-            hidden = apart.at(forward_on_prefixes(body, shared, ids, present, run=apart), last)
-    elif shared is None:
-        hidden = last_hidden_state(model, ids.to(device), present.to(device))[rows, last]
+            hidden = forward_on_prefixes(body, shared, ids, present).last_hidden_state
+        pooled = hidden[torch.arange(len(unique), device=device), last]
     else:
-        hidden = forward_on_prefixes(body, shared, ids, present).last_hidden_state[rows, last]
-    return head(hidden).reshape(len(unique))[index.to(device)]
+        if shared is None:
+            run = apart(input_ids=ids.to(device), attention_mask=present.to(device), use_cache=False)
+        else:
+            run = forward_on_prefixes(body, shared, ids, present, run=apart)
+        pooled = apart.at(run, last)
+    return head(pooled).reshape(len(unique))[index.to(device)]
 
 
 class _Stop(Exception):
     """Raised by a pre-hook on the last decoder layer to end the body's forward there."""
+
+
+@dataclass
+class _LastLayerInput:
+    """The last decoder layer's input over every position [B, L, H] (and normed), its rotary tables
+    [B, L, D], its keys and values over the cache's and these positions, and which keys are present."""
+
+    hidden: torch.Tensor
+    normed: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+    mask: torch.Tensor
 
 
 class _LastLayer:
@@ -96,14 +114,15 @@ class _LastLayer:
             return None
         layer = layers[-1]
         parts = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
+        attention = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling", "layer_idx")
         if not all(hasattr(layer, name) for name in parts) or not all(
-                hasattr(layer.self_attn, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling", "layer_idx")):
+                hasattr(layer.self_attn, name) for name in attention):
             return None
         if any(m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_hf_hook") for m in layer.modules()):
             return None
         return cls(body, keyword)
 
-    def __call__(self, **forward) -> dict:
+    def __call__(self, **forward) -> _LastLayerInput:
         seen = {}
 
         def stop(module, args, kwargs):
@@ -127,21 +146,19 @@ class _LastLayer:
         cache = seen.get(self.keyword)
         if cache is not None:
             keys, values = cache.update(keys, values, attention.layer_idx)
-        return {"hidden": hidden, "normed": normed, "cos": cos, "sin": sin, "keys": keys, "values": values,
-                "mask": forward["attention_mask"]}
+        return _LastLayerInput(hidden, normed, cos, sin, keys, values, forward["attention_mask"])
 
-    def at(self, run: dict, last: torch.Tensor) -> torch.Tensor:
+    def at(self, run: _LastLayerInput, last: torch.Tensor) -> torch.Tensor:
         """The body's output [B, H] at position ``last[b]`` of each row b (its last present token:
-        every key it may attend to is present in ``mask``)."""
+        every key it may attend to is present in ``run.mask``)."""
         attention = self.layer.self_attn
         rows = torch.arange(last.shape[0], device=last.device)
-        x = run["hidden"][rows, last]
-        query = attention.q_proj(run["normed"][rows, last]).view(len(rows), -1, 1, attention.head_dim)
-        query = rotate(query, run["cos"][rows, last][:, None, None], run["sin"][rows, last][:, None, None])
-        keys, values = run["keys"], run["values"]
+        x = run.hidden[rows, last]
+        query = attention.q_proj(run.normed[rows, last]).view(len(rows), -1, 1, attention.head_dim)
+        query = rotate(query, run.cos[rows, last][:, None, None], run.sin[rows, last][:, None, None])
         attended = F.scaled_dot_product_attention(
-            query, keys, values, attn_mask=run["mask"].bool()[:, None, None, :], scale=attention.scaling,
-            enable_gqa=query.shape[1] != keys.shape[1])
+            query, run.keys, run.values, attn_mask=run.mask.bool()[:, None, None, :], scale=attention.scaling,
+            enable_gqa=query.shape[1] != run.keys.shape[1])
         x = x + attention.o_proj(attended.reshape(len(rows), -1))
         x = x + self.layer.mlp(self.layer.post_attention_layernorm(x))
         return self.body.norm(x)
