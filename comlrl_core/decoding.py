@@ -23,6 +23,7 @@ and replayed for every new token; sampling between the steps stays as it is.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -131,12 +132,17 @@ def _plain_decoder(model: nn.Module) -> bool:
     return not any(m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_hf_hook") for m in model.modules())
 
 
+@functools.cache
+def _generation_defaults() -> dict:
+    return GenerationConfig().to_dict()
+
+
 def _plain_sampling(model: nn.Module, generation: dict) -> bool:
     """Exactly the trainer's sampling options, and nothing in the model's generation config that
     would make ``generate`` do more (repetition penalty, min length, bad words, ...)."""
     if generation.keys() != _OPTIONS or generation["do_sample"] is not True:
         return False
-    defaults = GenerationConfig().to_dict()
+    defaults = _generation_defaults()
     own = getattr(model, "generation_config", None)
     own = own.to_dict() if own is not None else {}
     return all(value == defaults.get(key) for key, value in own.items() if key not in _OPTIONS | _NEUTRAL)
