@@ -129,7 +129,13 @@ def _plain_decoder(model: nn.Module) -> bool:
         layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
     if any(type(m) is not nn.Linear for m in linears):
         return False
-    return not any(m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_hf_hook") for m in model.modules())
+    return not hooked(model)
+
+
+def hooked(module: nn.Module) -> bool:
+    """Whether ``module`` or a submodule has forward hooks or an accelerate hook, which a forward
+    rewritten from its parts would bypass."""
+    return any(m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_hf_hook") for m in module.modules())
 
 
 @functools.cache

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..batching import cache_keyword, distinct, forward_on_prefixes, right_pad, share_prefixes
-from ..decoding import rotate
+from ..decoding import hooked, rotate
 
 
 def hidden_size(model: nn.Module) -> int:
@@ -118,9 +118,7 @@ class _LastLayer:
         if not all(hasattr(layer, name) for name in parts) or not all(
                 hasattr(layer.self_attn, name) for name in attention):
             return None
-        if any(m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_hf_hook") for m in layer.modules()):
-            return None
-        return cls(body, keyword)
+        return None if hooked(layer) else cls(body, keyword)
 
     def __call__(self, **forward) -> _LastLayerInput:
         seen = {}
