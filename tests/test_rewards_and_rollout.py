@@ -97,7 +97,6 @@ def test_sample_returns_k_completions_from_one_call(tiny_models):
     assert len(out.texts) == 4 and not out.completion_ids.is_inference()
 
 
-
 def test_sampling_runs_without_dropout_and_leaves_each_module_in_its_mode(tiny_models):
     """Every module is in eval mode while sampling, and afterwards each is back in its own mode (a
     submodule the user put in eval mode stays there); ``train()`` is never called, since on a model
@@ -112,6 +111,7 @@ def test_sampling_runs_without_dropout_and_leaves_each_module_in_its_mode(tiny_m
            {"do_sample": True, "max_new_tokens": 3})
     assert seen and not any(seen)
     assert {name: m.training for name, m in model.named_modules()} == before and not before["model.layers.0"]
+
 
 def test_advantage_modes_stay_distinct_under_normalisation():
     returns = [1.0, 2.0, 4.0]
