@@ -12,10 +12,9 @@ where the training time goes.
 It then times the sampler (decode steps replayed as a CUDA graph, and launched op by op) against
 Hugging Face ``generate`` (what the reference library calls) on one prompt, and one decode step
 launched op by op vs replayed as a graph vs the time its weights take to read at peak bandwidth.
-Last, one agent's update pass (forward and backward) over K completions of one prompt, the prompt
-run once vs within the full rows, for 4- to 1024-token prompts: the figures that set
-``batching.PAYS_FROM`` for this device type (where running the prompt once starts to pay), with
-the pass's bf16 TFLOP/s.
+Last, one agent's update pass (forward and backward) over K completions of one prompt, run as a
+token tree (the prompt once, ``comlrl_core.token_tree``) vs the model's own forward on the full rows,
+for 4- to 1024-token prompts, with the full rows' bf16 TFLOP/s.
 """
 
 from __future__ import annotations
@@ -106,30 +105,26 @@ def sampler_costs(model, k: int, new_tokens: int, peak_tb_s: float, synchronize)
     return figures
 
 
-def sharing_crossover(model, k: int, width: int, prompt_lengths: list[int], synchronize) -> list[dict]:
-    """Shared-prompt ÷ full-rows time of ``token_logprobs`` plus backward, per prompt length."""
+def tree_vs_full_rows(model, k: int, width: int, prompt_lengths: list[int], synchronize) -> list[dict]:
+    """Token-tree ÷ full-rows time of ``token_logprobs`` plus backward, per prompt length (the full
+    rows: the model's own forward, which a forward hook forces since the tree would bypass it)."""
     import torch
 
-    from comlrl_core import batching, rollout
+    from comlrl_core import rollout
 
-    device_type = next(model.parameters()).device.type
     params = sum(p.numel() for p in model.parameters())
-    thresholds = dict(batching.PAYS_FROM)
     figures = []
     for length in prompt_lengths:
         prompt = torch.randint(5, 400, (length,))
         rows = [(prompt, torch.randint(5, 400, (width,)), torch.ones(width, dtype=torch.bool)) for _ in range(k)]
-        seconds = {}
-        for name, pays_from in (("full", float("inf")), ("shared", 0)):
-            batching.PAYS_FROM[device_type] = pays_from  # force one path
-            seconds[name] = _median_seconds(
-                lambda: (model.zero_grad(), rollout.token_logprobs(model, rows).sum().backward()), synchronize, 3)
-        figures.append({"prompt_tokens": length, "saved_tokens": (k - 1) * (length - 1),
-                        "full_s": round(seconds["full"], 4),
-                        "full_tflops": round(6 * params * k * (length + width) / seconds["full"] / 1e12, 2),
-                        "shared_over_full": round(seconds["shared"] / seconds["full"], 3)})
-    batching.PAYS_FROM.clear()
-    batching.PAYS_FROM.update(thresholds)
+        run = lambda: (model.zero_grad(), rollout.token_logprobs(model, rows).sum().backward())  # noqa: E731
+        tree = _median_seconds(run, synchronize, 3)
+        handle = model.register_forward_pre_hook(lambda *_: None)
+        full = _median_seconds(run, synchronize, 3)
+        handle.remove()
+        figures.append({"prompt_tokens": length, "saved_tokens": (k - 1) * length, "full_s": round(full, 4),
+                        "full_tflops": round(6 * params * k * (length + width) / full / 1e12, 2),
+                        "tree_over_full": round(tree / full, 3)})
     return figures
 
 
@@ -210,9 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(figures))
     print(json.dumps({"sampler": sampler_costs(trainer.agents[0], args.num_generations, args.max_new_tokens,
                                                args.peak_tb_s, synchronize)}))
-    crossover = sharing_crossover(trainer.agents[0], args.num_generations, args.max_new_tokens, [4, 16, 64, 256, 1024],
-                                  synchronize)
-    print(json.dumps({"prompt_run_once_vs_full_rows": crossover}))
+    versus = tree_vs_full_rows(trainer.agents[0], args.num_generations, args.max_new_tokens, [4, 16, 64, 256, 1024],
+                               synchronize)
+    print(json.dumps({"token_tree_vs_full_rows": versus}))
     return 0
 
 

@@ -112,7 +112,7 @@ class _Layer:
     act: nn.Module
 
 
-def _plain_decoder(model: nn.Module) -> bool:
+def plain_decoder(model: nn.Module) -> bool:
     """A Llama-style decoder made of plain modules: no adapters, quantized layers, hooks or offloading."""
     config = getattr(model, "config", None)
     body = getattr(model, "model", None)
@@ -290,7 +290,7 @@ def lean_sample(model: nn.Module, prompts: list[torch.Tensor], k: int, generatio
     Every prompt's rows decode in the same steps (one pass over the weights for all of them), and
     prompt j draws from ``generators[j]`` (None: the global generator) exactly as a call of its own
     would: one draw of its k rows per step until they have all ended."""
-    if any(p.shape[0] != 1 for p in prompts) or not _plain_decoder(model) or not _plain_sampling(model, generation):
+    if any(p.shape[0] != 1 for p in prompts) or not plain_decoder(model) or not _plain_sampling(model, generation):
         return None
     lengths, new = [p.shape[1] for p in prompts], generation["max_new_tokens"]
     window = getattr(model.config, "sliding_window", None)

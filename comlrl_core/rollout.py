@@ -11,7 +11,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from .batching import forward_on_prefixes, right_pad, share_prefixes
+from . import token_tree
+from .batching import right_pad
 from .decoding import lean_sample
 
 # Rows one sampling call takes where many items wait under the same weights (an evaluation, a
@@ -240,44 +241,48 @@ def actor_batch(rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> 
 
 
 def completion_logprobs(logits: torch.Tensor, batch: ActorBatch) -> torch.Tensor:
-    """Per-token log-probs [B, T] of each row's completion from logits over the batch; zero outside ``mask``."""
+    """Per-token log-probs [B, T] of each row's completion from ``rows_forward``'s logits (position
+    ``starts - 1 + t`` at index t); zero outside ``mask``."""
     device = logits.device
-    positions = (batch.starts[:, None] - 1 + torch.arange(batch.completion_ids.shape[1])).clamp_max(logits.shape[1] - 1)
-    picked_logits = logits.gather(1, positions.to(device)[..., None].expand(-1, -1, logits.shape[-1])).float()
-    picked = torch.log_softmax(picked_logits, dim=-1).gather(-1, batch.completion_ids.to(device)[..., None]).squeeze(-1)
+    logits = logits[:, :batch.completion_ids.shape[1]].float()
+    picked = torch.log_softmax(logits, dim=-1).gather(-1, batch.completion_ids.to(device)[..., None]).squeeze(-1)
     return picked * batch.mask.to(device)
 
 
-def rows_forward(module: nn.Module, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], *,
-                 last_position: bool = True, **prefix_kwargs):
-    """``module``'s output (a causal LM or its body) over ``(prompt_ids, completion_ids, mask)`` rows,
-    and the ``ActorBatch`` of the positions it covers.
+def rows_forward(model: nn.Module, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], *,
+                 last_position: bool = True, hidden: bool = False) -> tuple[torch.Tensor, ActorBatch]:
+    """A causal LM's logits (``hidden=True``: its body's final hidden states) over ``(prompt_ids,
+    completion_ids, mask)`` rows, read at positions ``starts - 1 + t`` for t < W: [B, W, V or H], with
+    W the longest completion, plus one with ``last_position`` (each completion's last token, where a
+    Q-value is read); and the rows' ``ActorBatch``.
 
-    Rows whose prompts begin alike (a sample's K completions share all of it) run the common part
-    once and only their remaining tokens on its cache, so the batch holds those tails
-    (``batching.share_prefixes``: where that pays and is known exact; ``prefix_kwargs`` go to the
-    prefix pass); otherwise it is one right-padded forward of the full rows. ``last_position=False``
-    leaves out the batch's last position: no row's next-token log-probs read it, only a value at a
-    completion's end does.
+    A Llama-style decoder runs the rows as one prefix tree (``token_tree``): the prompt a sample's K
+    completions share once, each completion up to its mask's end only, the last layer at the read
+    positions only. Any other model (or a mask with holes) runs one right-padded forward of the rows.
     """
-    device = next(module.parameters()).device
-    shared = share_prefixes(module, [p for p, _, _ in rows], [len(p) - 1 for p, _, _ in rows],
-                            max(len(p) + len(c) for p, c, _ in rows))
-    if shared is not None:
-        rows = [(p[n:], c, m) for (p, c, m), n in zip(rows, shared.lengths)]
     batch = actor_batch(rows)
+    width = batch.completion_ids.shape[1] + int(last_position)
+    ends = batch.mask.sum(dim=1)
+    prefix_masks = bool((batch.mask == (torch.arange(batch.mask.shape[1]) < ends[:, None])).all())
+    if prefix_masks and token_tree.supports(model, batch.input_ids.shape[1]):
+        fed = (ends - (0 if last_position else 1)).clamp_min(0).tolist()  # completion tokens each row feeds
+        tree = token_tree.build([torch.cat([p, c[:n]]) for (p, c, _), n in zip(rows, fed)])
+        out = token_tree.hidden_at(model, tree, *tree.reads(batch.starts - 1, width))
+        return (out if hidden else model.get_output_embeddings()(out)), batch
+    device = next(model.parameters()).device
     end = None if last_position else -1
-    ids, attention = batch.input_ids[:, :end], batch.attention_mask[:, :end]
-    if shared is None:
-        return module(input_ids=ids.to(device), attention_mask=attention.to(device), use_cache=False), batch
-    return forward_on_prefixes(module, shared, ids, attention, **prefix_kwargs), batch
+    forward = dict(input_ids=batch.input_ids[:, :end].to(device),
+                   attention_mask=batch.attention_mask[:, :end].to(device), use_cache=False)
+    out = model.base_model(**forward).last_hidden_state if hidden else model(**forward).logits
+    positions = (batch.starts[:, None] - 1 + torch.arange(width)).clamp_max(out.shape[1] - 1).to(device)
+    return out.gather(1, positions[..., None].expand(-1, -1, out.shape[-1])), batch
 
 
 def token_logprobs(model: nn.Module, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """log pi(token | prefix) of each ``(prompt_ids, completion_ids, mask)`` row's completion, zero
     outside its mask: [B, T], from one ``rows_forward``. Gradients flow outside ``inference_mode``."""
-    out, batch = rows_forward(model, rows, last_position=False, logits_to_keep=1)
-    return completion_logprobs(out.logits, batch)
+    logits, batch = rows_forward(model, rows, last_position=False)
+    return completion_logprobs(logits, batch)
 
 
 @torch.inference_mode()

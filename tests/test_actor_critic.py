@@ -8,10 +8,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from comlrl_core import batching, rollout
-from comlrl_core.batching import forward_on_prefixes
+from comlrl_core import token_tree
 from comlrl_core.checkpoint import verify_dir
-from comlrl_core.models import backbone
 from helpers import reward_rise
 
 from comlrl_core.environments import length_ratio_dataset, length_ratio_reward
@@ -236,30 +234,29 @@ def test_resume_is_bit_identical(tiny_models, tmp_path, kind):
 
 
 @pytest.mark.parametrize("kind, critic_type", [("iac-shared", "v"), ("iac-shared", "q"), ("maac", "q")])
-def test_prompts_run_once_train_as_the_full_rows(tiny_models, monkeypatch, kind, critic_type):
+def test_rows_run_as_a_token_tree_train_as_the_full_rows(tiny_models, monkeypatch, kind, critic_type):
     """Completions that share their prompt run it once in the actor update (with a shared value head
     the log-probs and values come from the same hidden states) and in the critics' values; training
-    ends where running the full rows takes it, within float rounding."""
+    ends where the model's own forward on the full rows takes it, within float rounding."""
     calls = []
+    hidden_at, supports = token_tree.hidden_at, token_tree.supports
 
     def counted(*args, **kwargs):
         calls.append(1)
-        return forward_on_prefixes(*args, **kwargs)
+        return hidden_at(*args, **kwargs)
 
-    monkeypatch.setattr(batching, "forward_on_prefixes", counted)
-    monkeypatch.setattr(rollout, "forward_on_prefixes", counted)
-    monkeypatch.setattr(backbone, "forward_on_prefixes", counted)
+    monkeypatch.setattr(token_tree, "hidden_at", counted)
     runs = {}
-    for name, pays_from in (("shared", 0), ("full", math.inf)):
-        monkeypatch.setitem(batching.PAYS_FROM, "cpu", pays_from)
+    for name, tree in (("tree", True), ("full", False)):
+        monkeypatch.setattr(token_tree, "supports", supports if tree else lambda model, length: False)
         trainer = build(kind, tiny_models, num_generations=4, rollout_buffer_size=4, critic_type=critic_type)
         start = weights(trainer)
         calls.clear()
         trainer.train()
         runs[name] = (start, weights(trainer), len(calls))
-    (start, shared, shared_calls), (_, full, full_calls) = runs["shared"], runs["full"]
-    assert shared_calls > 0 and full_calls == 0
-    for before, a, b in zip(start, shared, full):
+    (start, tree, tree_calls), (_, full, full_calls) = runs["tree"], runs["full"]
+    assert tree_calls > 0 and full_calls == 0
+    for before, a, b in zip(start, tree, full):
         for key in before:
             moved = (b[key] - before[key]).abs().max()
             assert (a[key] - b[key]).abs().max() <= 0.01 * moved + 1e-6, key

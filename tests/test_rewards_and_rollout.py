@@ -4,11 +4,10 @@ import math
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, MistralConfig, MistralForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from comlrl_core import batching
 from comlrl_core.rewards import RewardFunction
-from comlrl_core.rollout import actor_batch, completion_logprobs, completion_mask, sample, token_logprobs
+from comlrl_core.rollout import completion_mask, sample, token_logprobs
 from comlrl_core.trainers.reinforce.magrpo import group_advantages
 
 TEXTS = [["a", "bb"], ["ccc", "d"]]
@@ -121,95 +120,3 @@ def test_advantage_modes_stay_distinct_under_normalisation():
     assert torch.equal(group_advantages([3.0, 3.0], "raw", True), torch.tensor([3.0, 3.0]))
 
 
-def test_padded_batch_rows_score_as_they_do_alone(tiny_models):
-    """Rows with different prompt and completion lengths in one right-padded forward: each row's
-    log-probs and gradients match its own forward (what the MAGRPO and actor-critic updates rely on)."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_models["llama-tiny"])
-    rows = [(torch.tensor([5, 6, 7]), torch.tensor([8, 9, 0, 1]), torch.tensor([True, True, True, False])),
-            (torch.tensor([11, 12, 13, 14, 15, 16]), torch.tensor([17, 18]), torch.tensor([True, True])),
-            (torch.tensor([20]), torch.tensor([21, 22, 23, 24, 25]), torch.ones(5, dtype=torch.bool))]
-    batch = actor_batch(rows)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    together = completion_logprobs(logits, batch).sum(dim=1)
-    together.sum().backward()
-    batched_grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    alone = torch.stack([token_logprobs(model, [row])[0].sum() for row in rows])
-    alone.sum().backward()
-    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
-    for batched, single in zip(batched_grads, (p.grad for p in model.parameters())):
-        torch.testing.assert_close(batched, single, rtol=1e-4, atol=1e-6)
-
-
-def _forward_batches(model):
-    """The batch size of every forward call of ``model`` (observed through a hook, not replaced)."""
-    seen = []
-    model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(kwargs["input_ids"].shape[0]),
-                                    with_kwargs=True)
-    return seen
-
-
-def _shared_prompt(extra: int = 0) -> torch.Tensor:
-    """A prompt long enough that two rows sharing it pass the CPU's sharing threshold."""
-    return torch.arange(5, 6 + batching.PAYS_FROM["cpu"] + extra)
-
-
-def _mistral(sliding_window: int) -> MistralForCausalLM:
-    torch.manual_seed(0)
-    return MistralForCausalLM(MistralConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                            num_attention_heads=4, num_key_value_heads=2,
-                                            sliding_window=sliding_window))
-
-
-@pytest.mark.parametrize("name", ["qwen2-tiny", "llama-tiny", "mistral"])
-def test_rows_sharing_a_prompt_run_it_once_and_score_as_they_do_alone(tiny_models, name):
-    """A sample's K completions share its prompt: the prompts run once (one forward of the distinct
-    prompts, one of the completions on their cache) and each row's log-probs and gradients still
-    match its own full forward, whatever the prompt lengths, completion widths and EOS masks
-    (Mistral: with a sliding window longer than the rows)."""
-    model = _mistral(64) if name == "mistral" else AutoModelForCausalLM.from_pretrained(tiny_models[name])
-    a, b, c = _shared_prompt(3), torch.tensor([11, 12]), torch.tensor([30, 31, 32])
-    rows = [(a, torch.tensor([8, 9, 0, 1]), torch.tensor([True, True, True, False])),
-            (b, torch.tensor([17, 18, 19]), torch.tensor([True, True, True])),
-            (a, torch.tensor([40, 41, 42, 43, 44, 45]), torch.ones(6, dtype=torch.bool)),
-            (a, torch.tensor([0, 1]), torch.tensor([True, False])),
-            (b, torch.tensor([50]), torch.tensor([True])),
-            (c, torch.tensor([60, 61]), torch.tensor([True, True]))]
-    seen = _forward_batches(model)
-    shared = token_logprobs(model, rows)
-    assert seen == [3, 6] and shared.shape == (6, 6)
-    with torch.inference_mode():  # as the reference KL runs it
-        torch.testing.assert_close(token_logprobs(model, rows), shared.detach())
-    del seen[2:]
-    weights = torch.linspace(-1.0, 2.0, 6)
-    (weights * shared.sum(dim=1)).sum().backward()
-    shared_grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    alone = torch.stack([token_logprobs(model, [row])[0].sum() for row in rows])
-    assert seen[2:] == [1] * 6
-    (weights * alone).sum().backward()
-    torch.testing.assert_close(shared.sum(dim=1), alone, rtol=1e-5, atol=1e-5)
-    assert (shared[3, 1:] == 0).all() and (shared[4, 1:] == 0).all()
-    for together, single in zip(shared_grads, (p.grad for p in model.parameters())):
-        torch.testing.assert_close(together, single, rtol=1e-4, atol=1e-6)
-
-
-def test_prompts_are_shared_only_where_it_pays_and_equals_the_full_forward(tiny_models):
-    """Too few prompt tokens saved to pay for a second pass, one-token prompts, a sliding window
-    shorter than the rows and gradient checkpointing (which turns the cache off) take one forward of
-    the full rows."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_models["qwen2-tiny"])
-    seen = _forward_batches(model)
-    completion, keep = torch.tensor([6, 7]), torch.tensor([True, True])
-    long, short, one = _shared_prompt(), _shared_prompt(-2), torch.tensor([5])
-    token_logprobs(model, [(long, completion, keep)] * 2)
-    token_logprobs(model, [(short, completion, keep)] * 2)
-    token_logprobs(model, [(one, completion, keep)] * 40)
-    windowed = _mistral(len(long) + 1)  # shorter than prompt + completion
-    seen_windowed = _forward_batches(windowed)
-    token_logprobs(windowed, [(long, completion, keep)] * 2)
-    assert seen_windowed == [2]
-    model.activation_checkpointing_enable()
-    model.train()
-    token_logprobs(model, [(long, completion, keep)] * 2)
-    assert seen == [1, 2, 2, 40, 2]

@@ -271,10 +271,9 @@ class ActorCriticTrainerBase(TrainerBase):
             if batch:
                 rows = [(s.prompt_ids, s.completion_ids, s.mask) for s in batch]
                 if self.shared_head:  # log-probs and values from the same hidden states
-                    out, covered = rows_forward(agent.model.base_model, rows, last_position=args.critic_type == "q")
-                    hidden = out.last_hidden_state
+                    hidden, covered = rows_forward(agent.model, rows, last_position=args.critic_type == "q", hidden=True)
                     logp = completion_logprobs(agent.model.get_output_embeddings()(hidden), covered).sum(dim=1)
-                    ends = covered.starts - 1 + (covered.mask.sum(dim=1) if args.critic_type == "q" else 0)
+                    ends = covered.mask.sum(dim=1) if args.critic_type == "q" else torch.zeros(len(batch), dtype=torch.long)
                     values = agent.value_head(hidden[torch.arange(len(batch), device=device), ends.to(device)])
                 else:
                     logp = token_logprobs(agent, rows).sum(dim=1)

@@ -130,7 +130,6 @@ class MARLHFTrainer(TrainerBase):
     def collect_preferences(self) -> PreferenceSet:
         """Sample ``preference_num_candidates`` joint candidates per prompt (one ``generate`` per agent)
         and keep the selected strictly-better pairs; raises if every candidate tied."""
-        args = self.args
         generation = self._generation or self._generation_kwargs({})
         records = self._synced_step(lambda: self._collect(generation))
         if not records:
