@@ -133,9 +133,10 @@ def plain_decoder(model: nn.Module) -> bool:
 
 
 def hooked(module: nn.Module) -> bool:
-    """Whether ``module`` or a submodule has forward hooks or an accelerate hook, which a forward
-    rewritten from its parts would bypass."""
-    return any(m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_hf_hook") for m in module.modules())
+    """Whether ``module`` or a submodule has forward or backward hooks or an accelerate hook, which a
+    forward rewritten from its parts would bypass."""
+    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+               or hasattr(m, "_hf_hook") for m in module.modules())
 
 
 @functools.cache

@@ -44,7 +44,7 @@ def last_token_scores(model: nn.Module, head: nn.Module, sequences: list[torch.T
     last layer at the read token only); any other model runs them right-padded."""
     device = next(model.parameters()).device
     unique, index = distinct(sequences)
-    if model.base_model is not model and token_tree.supports(model, max(map(len, unique))):
+    if token_tree.supports(model, max(map(len, unique))):
         tree = token_tree.build(unique)
         pooled = token_tree.hidden_at(model, tree, *tree.reads(tree.lengths - 1, 1))
     else:
