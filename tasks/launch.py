@@ -8,6 +8,7 @@ CPU, see ``comlrl_core.distributed``). If one process fails, the launcher stops 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -30,16 +31,26 @@ def accelerate_command(num_processes: int, target: list[str]) -> list[str]:
             "--main_process_port", str(free_port()), *target]
 
 
+# A traceback's last line, as a rank prints it ("[rank0]: RuntimeError: ..." under torchrun).
+_EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)(?::.*)?)$")
+
+
 def run_streaming(command: list[str], log: Callable[[str], None]) -> None:
     """Run ``command``, passing each line it prints to ``log`` as it comes; a non-zero exit raises
-    ``RuntimeError`` with the last lines, so the calling Prefect task fails (a flow retry or rerun
-    then resumes the stage from its last uploaded checkpoint)."""
+    ``RuntimeError`` naming the first exception any process printed (the root cause: the other ranks
+    fail after it, on the closed connection) and the last lines, so the calling Prefect task fails
+    (a flow retry or rerun then resumes the stage from its last uploaded checkpoint)."""
     tail: list[str] = []
+    first = None
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           bufsize=1) as process:
         for line in process.stdout:
             line = line.rstrip()
             log(line)
             tail = (tail + [line])[-20:]
+            if first is None and (error := _EXCEPTION.match(line)):
+                first = error.group(1)
     if process.returncode != 0:
-        raise RuntimeError(f"{' '.join(command[:3])} ... exited with status {process.returncode}:\n" + "\n".join(tail))
+        cause = f" (first error: {first})" if first else ""
+        raise RuntimeError(f"{' '.join(command[:3])} ... exited with status {process.returncode}{cause}:\n"
+                           + "\n".join(tail))

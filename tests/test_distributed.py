@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from comlrl_core.checkpoint import read_checkpoint_metadata
-from tasks.launch import accelerate_command
+from tasks.launch import accelerate_command, run_streaming
 
 JOB = str(Path(__file__).with_name("distributed_job.py"))
 ENV = {"OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
@@ -180,3 +180,18 @@ def test_ranks_that_finish_first_exit_cleanly(tmp_path):
                           timeout=300, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert {r: (tmp_path / str(r)).read_text() for r in range(4)} == {r: "False" for r in range(4)}
+
+
+def test_a_failed_job_names_the_first_error_any_process_printed():
+    """The rank that failed first prints its exception first; the others then fail on the closed
+    connection and their tracebacks fill the last lines. The error names the first one."""
+    script = ("print('[rank0]: Traceback (most recent call last):'); "
+              "print('[rank0]: RuntimeError: injected failure'); "
+              "[print('[rank1]:   File \"x.py\", line', i) for i in range(30)]; "
+              "print('[rank1]: RuntimeError: Connection closed by peer'); raise SystemExit(1)")
+    lines = []
+    with pytest.raises(RuntimeError) as failed:
+        run_streaming([sys.executable, "-c", script], lines.append)
+    assert "exited with status 1 (first error: RuntimeError: injected failure)" in str(failed.value)
+    assert str(failed.value).endswith("[rank1]: RuntimeError: Connection closed by peer") and len(lines) == 33
+    run_streaming([sys.executable, "-c", "print('ValueErrors: none')"], lines.append)  # exit 0: nothing raised
