@@ -43,11 +43,10 @@ _NEUTRAL = {"bos_token_id", "eos_token_id", "pad_token_id", "max_length", "use_c
 GRAPH_FROM_TOKENS = 8
 
 
-def _transposed_products_pay(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether a CPU decode step's 2-8-row products run faster as ``weight @ x.T``: on AMD CPUs, where
-    MKL's ``F.linear`` streamed a large weight at half the speed of that orientation (an EPYC: a
-    small-model decode step 8.3-11.0 ms with ``F.linear``, 6.2-7.8 ms transposed); not on Intel's,
-    where ``F.linear`` is the faster (a Xeon with AMX: 3.9-4.1 ms vs 5.3-5.9 ms transposed)."""
+def _amd_cpu(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this is an AMD CPU, where MKL's decode-sized products read a weight that is not in cache
+    slowly (see ``_Product``); Intel's stream it well (a Xeon with AMX: a small-model decode step
+    3.9-4.1 ms with plain ``F.linear``, 5.3-5.9 ms with the AMD path's ``weight @ x.T``)."""
     try:
         with open(cpuinfo) as info:
             vendor = next((line for line in info if line.startswith("vendor_id")), "")
@@ -56,25 +55,34 @@ def _transposed_products_pay(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return "AuthenticAMD" in vendor
 
 
-TRANSPOSED_ON_CPU = _transposed_products_pay()
+AMD_CPU = _amd_cpu()
 
 
 class _Product:
-    """``x @ weight.T + bias`` for a decode step: ``F.linear``, or ``weight @ x.T`` for a large weight
-    on a CPU where that orientation is the faster (``TRANSPOSED_ON_CPU``; for one row or a small
-    weight ``F.linear`` is faster everywhere). The choice per weight is made once, outside the hot loop."""
+    """``x @ weight.T + bias`` for a decode step. On an AMD CPU MKL's few-row products read a weight
+    that is not in cache at 6-10 GB/s, where a plain sum streams it at 25-29 GB/s (an EPYC core;
+    the small model's 38 MB is more than its 32 MB L3), so there a large weight is either
+    multiplied the other way round, ``weight @ x.T`` (the faster kernel for 2-4 rows), or first
+    read by a sum, which leaves it in cache for ``F.linear`` (1 row, 5 rows and more: for 8 rows a
+    1024x384 weight took 170 us so, 188 us transposed, 246 us plain). The transposed product equals
+    ``F.linear``'s to rounding, the warmed one exactly; the choice per weight is made once, outside
+    the hot loop."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         self.weight, self.bias = weight, bias
-        self.transposed = TRANSPOSED_ON_CPU and weight.device.type == "cpu" and weight.numel() >= 1 << 17
+        amd = AMD_CPU and weight.device.type == "cpu"
+        self.transposed = amd and weight.numel() >= 1 << 17
+        self.warmed = amd and weight.numel() >= 1 << 15
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0] * x.shape[1]
-        if not (self.transposed and 2 <= rows <= 8):
-            return F.linear(x, self.weight, self.bias)
-        columns = x.reshape(rows, -1).t()
-        out = torch.mm(self.weight, columns) if self.bias is None else torch.addmm(self.bias[:, None], self.weight, columns)
-        return out.t().contiguous().view(*x.shape[:-1], -1)
+        if self.transposed and 2 <= rows <= 4:
+            columns = x.reshape(rows, -1).t()
+            out = torch.mm(self.weight, columns) if self.bias is None else torch.addmm(self.bias[:, None], self.weight, columns)
+            return out.t().contiguous().view(*x.shape[:-1], -1)
+        if self.warmed:
+            self.weight.sum()  # read into cache; the sum itself is not needed
+        return F.linear(x, self.weight, self.bias)
 
 
 class _Projection:

@@ -75,38 +75,44 @@ def test_steps_aside_for_what_it_does_not_reproduce(model):
     assert lean_sample(model, [prompt], 2, generation, 1) is not None
 
 
-def test_a_large_weight_takes_the_transposed_product_and_it_equals_f_linear(monkeypatch):
-    """Where the CPU makes it pay (AMD's, see ``TRANSPOSED_ON_CPU``); forced here on any CPU. Linears
-    side by side, run apart (the CPU) or joined (accelerators), give the joined weights' product."""
+def test_on_an_amd_cpu_large_weights_are_transposed_or_warmed_and_give_f_linear(monkeypatch):
+    """The AMD path (see ``AMD_CPU``), forced here on any CPU: ``weight @ x.T`` for 2-4 rows of a
+    weight of 128K elements or more, a sum before ``F.linear`` otherwise from 32K. Linears side by
+    side, run apart (the CPU) or joined (accelerators), give the joined weights' product."""
     from comlrl_core import decoding
     from comlrl_core.decoding import _Projection
 
-    monkeypatch.setattr(decoding, "TRANSPOSED_ON_CPU", True)
+    monkeypatch.setattr(decoding, "AMD_CPU", True)
     torch.manual_seed(0)
     layers = [torch.nn.Linear(384, 640), torch.nn.Linear(384, 128, bias=False)]
     apart, joined = _Projection(layers, join=False), _Projection(layers, join=True)
-    assert [p.transposed for p in apart.products] == [True, False]  # 245K and 49K elements
-    assert [p.transposed for p in joined.products] == [True]
-    assert not _Projection([torch.nn.Linear(32, 64)], join=False).products[0].transposed
+    assert [(p.transposed, p.warmed) for p in apart.products] == [(True, True), (False, True)]  # 245K, 49K elements
+    assert [(p.transposed, p.warmed) for p in joined.products] == [(True, True)]
+    small = _Projection([torch.nn.Linear(32, 64)], join=False).products[0]
+    assert not small.transposed and not small.warmed
     weight = torch.cat([m.weight for m in layers])
     bias = torch.cat([layers[0].bias, torch.zeros(128)])
     for rows in range(1, 11):
         x = torch.randn(rows, 1, 384)
+        expected = torch.nn.functional.linear(x, weight, bias)
         for projection in (apart, joined):
             got = projection(x)
             assert got.shape == (rows, 1, 768) and got.is_contiguous()
-            torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
-    monkeypatch.setattr(decoding, "TRANSPOSED_ON_CPU", False)
-    assert not any(p.transposed for p in _Projection(layers, join=True).products)
+            if 2 <= rows <= 4:
+                torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+            else:  # warmed: F.linear itself
+                assert torch.equal(got, expected)
+    monkeypatch.setattr(decoding, "AMD_CPU", False)
+    assert not any(p.transposed or p.warmed for p in _Projection(layers, join=True).products)
 
 
-def test_same_tokens_as_generate_on_a_model_wide_enough_for_the_transposed_product(monkeypatch):
-    """The tiny models' weights are too small for ``weight @ x.T``; this one's layers take it (on
-    every CPU here, as on an AMD one)."""
+def test_same_tokens_as_generate_on_a_model_wide_enough_for_the_amd_path(monkeypatch):
+    """The tiny models' weights are too small for the AMD path; this one's layers take it (on every
+    CPU here, as on an AMD one): 4 rows transposed, the prefill warmed."""
     from comlrl_core import decoding
     from comlrl_core.tiny_models import TOKENIZERS, TinyModelSpec, build_model, build_tokenizer
 
-    monkeypatch.setattr(decoding, "TRANSPOSED_ON_CPU", True)
+    monkeypatch.setattr(decoding, "AMD_CPU", True)
 
     spec = TinyModelSpec("qwen2-wide", "qwen2", "shared", 384, 1, 6, 2, 1024)
     model = build_model(spec, build_tokenizer(TOKENIZERS["shared"]), seed=3)
@@ -134,15 +140,16 @@ def test_the_fixed_shape_step_a_cuda_graph_replays_equals_the_eager_step(model):
                                        eager.logits(tokens[step], position), rtol=1e-5, atol=1e-5)
 
 
-def test_the_transposed_product_is_chosen_by_the_cpu_vendor(tmp_path):
-    """AMD CPUs take ``weight @ x.T``; Intel's, and machines whose vendor cannot be read, do not."""
-    from comlrl_core.decoding import _transposed_products_pay
+def test_the_amd_path_is_chosen_by_the_cpu_vendor(tmp_path):
+    """AMD CPUs take the transposed and warmed products; Intel's, and machines whose vendor cannot
+    be read, do not."""
+    from comlrl_core.decoding import _amd_cpu
 
     for vendor, expected in (("AuthenticAMD", True), ("GenuineIntel", False), (None, False)):
         info = tmp_path / f"cpuinfo-{vendor}"
         if vendor is not None:
             info.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: 25\n")
-        assert _transposed_products_pay(str(info)) is expected
+        assert _amd_cpu(str(info)) is expected
 
 
 @pytest.mark.parametrize("generation", SETTINGS)

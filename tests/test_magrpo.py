@@ -264,7 +264,6 @@ def test_items_before_an_update_are_sampled_together_and_draw_what_they_draw_alo
     call per agent (a checkpoint every 2 items cuts those windows); each item draws from its own
     stream, so the run trains exactly as one that samples item by item."""
     from comlrl_core import rollout
-    from comlrl_core.trainers import base
 
     calls = []
     original = rollout.generate_ids
