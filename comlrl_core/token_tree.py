@@ -4,7 +4,8 @@ Rows that begin alike (a prompt's K completions, a winner and its loser behind o
 texts that share a template) hold the same tokens at the same positions after the same context, so
 a decoder computes the same hidden states there. Laid out as a prefix tree, such a token runs once:
 the linears, norms and MLPs see the tree's N distinct tokens (no padding, nothing twice, no second
-pass), and attention reads, for each row, the keys and values along its own path. Where only some
+pass), and attention runs each row's queries, keys and values along its own path, causal as in a
+row of its own, keeping the output at the positions the row adds to the tree. Where only some
 positions are read (a score at the last token, log-probs over a completion), the last decoder layer
 computes its queries, MLP and final norm there only. It equals each row's own forward within float
 rounding (tested, with gradients) for plain Llama-style decoders (Llama, Qwen2, Mistral); callers run
@@ -30,9 +31,7 @@ class TokenTree:
     positions: torch.Tensor  # [N]
     paths: torch.Tensor  # [R, L] the node at each position of each row (0 past its end)
     lengths: torch.Tensor  # [R]
-    added: torch.Tensor  # [R, A] the nodes a row adds to the tree, in order (0 past them)
-    added_positions: torch.Tensor  # [R, A] their positions (-1 past them)
-    flat: torch.Tensor  # [N] each node's place in the rows' [R * A] added slots
+    slots: torch.Tensor  # [N] each node's place in the rows' [R * L] path slots, in the row that adds it
 
     def reads(self, starts: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The nodes [R, width] at positions ``starts[r] + t`` of each row, and those positions (-1
@@ -50,28 +49,20 @@ def build(sequences: list[torch.Tensor]) -> TokenTree:
     if not all(tokens):
         raise ValueError("token_tree.build: every sequence needs at least one token.")
     order = sorted(range(len(tokens)), key=tokens.__getitem__)
+    length = max(map(len, tokens))
     paths: list[list[int]] = [[] for _ in tokens]
-    added: list[list[int]] = [[] for _ in tokens]
-    ids, positions, before, before_path = [], [], [], []
+    ids, positions, slots, before, before_path = [], [], [], [], []
     for r in order:
         row, common = tokens[r], 0
         while common < min(len(before), len(row)) and before[common] == row[common]:
             common += 1
-        added[r] = list(range(len(ids), len(ids) + len(row) - common))
-        paths[r] = before_path[:common] + added[r]
+        paths[r] = before_path[:common] + list(range(len(ids), len(ids) + len(row) - common))
         ids.extend(row[common:])
         positions.extend(range(common, len(row)))
+        slots.extend(range(r * length + common, r * length + len(row)))
         before, before_path = row, paths[r]
-    width = max(1, max(map(len, added)))
-    flat = [r * width + a for r in order for a in range(len(added[r]))]
-    added_positions = [list(range(len(t) - len(a), len(t))) for t, a in zip(tokens, added)]
-    return TokenTree(torch.tensor(ids), torch.tensor(positions), _padded(paths, max(map(len, tokens)), 0),
-                     torch.tensor(list(map(len, tokens))), _padded(added, width, 0),
-                     _padded(added_positions, width, -1), torch.tensor(flat))
-
-
-def _padded(lists: list[list[int]], width: int, value: int) -> torch.Tensor:
-    return torch.tensor([x + [value] * (width - len(x)) for x in lists])
+    return TokenTree(torch.tensor(ids), torch.tensor(positions), torch.tensor([p + [0] * (length - len(p)) for p in paths]),
+                     torch.tensor(list(map(len, tokens))), torch.tensor(slots))
 
 
 def supports(model: nn.Module, length: int) -> bool:
@@ -102,9 +93,9 @@ def hidden_at(model: nn.Module, tree: TokenTree, reads: torch.Tensor, read_posit
     cos, sin = cos[0, :, None], sin[0, :, None]  # [N, 1, head_dim]
     for layer in body.layers[:-1]:
         x = layer.input_layernorm(h)
-        q = _projected(layer.self_attn, "q_proj", x, cos, sin)[tree.added]
-        out = _attend(layer.self_attn, q, tree.added_positions, x, cos, sin, tree)
-        h = h + layer.self_attn.o_proj(out.reshape(-1, out.shape[-1])[tree.flat])
+        q = _projected(layer.self_attn, "q_proj", x, cos, sin)[tree.paths]
+        out = _attend(layer.self_attn, q, None, x, cos, sin, tree)
+        h = h + layer.self_attn.o_proj(out.reshape(-1, out.shape[-1])[tree.slots])
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     layer = body.layers[-1]  # its queries, MLP and the final norm at the read nodes only
     x = layer.input_layernorm(h)
@@ -118,16 +109,23 @@ def _projected(attention: nn.Module, name: str, x: torch.Tensor, cos: torch.Tens
     return rotate(getattr(attention, name)(x).unflatten(-1, (-1, attention.head_dim)), cos, sin)
 
 
-def _attend(attention: nn.Module, q: torch.Tensor, q_positions: torch.Tensor, x: torch.Tensor, cos: torch.Tensor,
-            sin: torch.Tensor, tree: TokenTree) -> torch.Tensor:
-    """Attention of queries [R, W, heads, d] at ``q_positions`` [R, W] over their row's keys and values
-    up to that position (every node's, from its layer input ``x`` [N, H]): [R, W, heads * d]."""
+def _attend(attention: nn.Module, q: torch.Tensor, q_positions: torch.Tensor | None, x: torch.Tensor,
+            cos: torch.Tensor, sin: torch.Tensor, tree: TokenTree) -> torch.Tensor:
+    """Attention of queries [R, W, heads, d] over their row's keys and values up to the query's
+    position (every node's, from its layer input ``x`` [N, H]): [R, W, heads * d]. Queries at
+    ``q_positions`` [R, W] (-1: padding) are masked; ``None`` means the queries are the rows' whole
+    paths: plain causal attention, with no mask to build, where the kernel skips the keys past each
+    query block (one EPYC core, 8 rows of 1,024 tokens: 425 ms forward and backward against 582 ms
+    masked; the same at 150 tokens)."""
     k = _projected(attention, "k_proj", x, cos, sin)
     v = attention.v_proj(x).unflatten(-1, (-1, attention.head_dim))
     keys, values = k[tree.paths].transpose(1, 2), v[tree.paths].transpose(1, 2)  # [R, kv_heads, L, d]
-    key_positions = torch.arange(tree.paths.shape[1], device=q.device)
-    visible = key_positions <= q_positions[..., None]  # [R, W, L]: a row's keys up to the query (within the row)
-    visible |= (q_positions[..., None] < 0) & (key_positions == 0)  # padding sees one key: no NaN
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=visible[:, None],
+    visible = None
+    if q_positions is not None:
+        key_positions = torch.arange(tree.paths.shape[1], device=q.device)
+        visible = key_positions <= q_positions[..., None]  # [R, W, L]: a row's keys up to the query (within the row)
+        visible |= (q_positions[..., None] < 0) & (key_positions == 0)  # padding sees one key: no NaN
+        visible = visible[:, None]
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=visible, is_causal=visible is None,
                                          scale=attention.scaling, enable_gqa=q.shape[2] != keys.shape[1])
     return out.transpose(1, 2).reshape(*q.shape[:2], -1)
