@@ -194,6 +194,8 @@ def test_learning_rates_and_one_critic_step_per_update(tiny_models):
     trainer.train_dataset = length_ratio_dataset(2)
     trainer.train()
     assert steps == {"critic": 1, "agent_0": 1}  # the reference steps the shared critic once per agent
+    # Gradients are freed at each step, so the next model's backward reuses their memory.
+    assert all(p.grad is None for m in [*trainer.agents, *trainer.critics] for p in m.parameters())
 
 
 def test_multi_turn_targets_are_one_step_td(tiny_models):

@@ -126,6 +126,7 @@ def test_stages_are_callable_and_preferences_inspectable(tiny_models, tmp_path):
         PreferenceSet.load(saved)
     metrics = trainer.fit_reward_model(prefs)
     assert 0.0 <= metrics["reward_model/train_accuracy"] <= 1.0
+    assert all(p.grad is None for p in trainer.reward_model.parameters())  # freed at each step
     assert trainer.score(["a", "b"]).shape == (2,)
 
 

@@ -22,6 +22,7 @@ from ..checkpoint import capture_rng, restore_rng
 from ..distributed import context
 from ..entities import EntityPlan, plan_entities
 from ..export import ExportEntry, export_models
+from ..heap import retained_heap
 from ..rewards import RewardFunction
 from ..rollout import ROWS_PER_CALL, ItemDraws, sample_items
 from ..tracking import Tracker, check_wandb_config
@@ -223,7 +224,8 @@ class TrainerBase(CheckpointMixin):
         self.tracker.start(identity)
         restore_rng(rng)
         try:
-            self._loop(generation, checkpoint_dir, checkpoint_interval, checkpoint_steps, checkpoint_total_limit)
+            with retained_heap():
+                self._loop(generation, checkpoint_dir, checkpoint_interval, checkpoint_steps, checkpoint_total_limit)
         finally:
             self.tracker.finish()
         return self.history[-1] if self.history else {}
@@ -353,8 +355,8 @@ class TrainerBase(CheckpointMixin):
 
     def _step(self, optimizer, module, loss: torch.Tensor | None, count: int, what: str) -> None:
         """Backpropagate this rank's loss (a sum over its samples) divided by the ``count`` samples of
-        every rank, sum the ranks' gradients (their mean over the global mini-batch), clip and step."""
-        optimizer.zero_grad(set_to_none=True)
+        every rank, sum the ranks' gradients (their mean over the global mini-batch), clip, step, and free
+        the gradients."""
         if loss is not None:
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"{what}: non-finite loss ({loss.item()}); lower the learning rates or "
@@ -364,6 +366,7 @@ class TrainerBase(CheckpointMixin):
         if self.args.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(module.parameters(), self.args.max_grad_norm)
         optimizer.step()
+        optimizer.zero_grad(set_to_none=True)  # now, so their memory serves the next backward, of any model
 
     def _policy(self, i: int) -> torch.nn.Module:
         """The causal LM that generates for agent i."""

@@ -226,7 +226,6 @@ class MARLHFTrainer(TrainerBase):
             for start in range(0, len(order), args.reward_train_batch_size):
                 batch = order[start:start + args.reward_train_batch_size]
                 mine = batch[self.dist.rank::self.dist.world_size]
-                self.reward_optimizer.zero_grad(set_to_none=True)
                 loss, right = torch.zeros(()), 0
                 if mine:
                     margin = self._margins(mine)
@@ -239,6 +238,7 @@ class MARLHFTrainer(TrainerBase):
                 total, right = self.dist.sum([loss.item(), right])
                 self.dist.sum_gradients(list(self.reward_model.parameters()))
                 self.reward_optimizer.step()
+                self.reward_optimizer.zero_grad(set_to_none=True)  # their memory serves the next backward
                 ranked_right += int(right)
                 losses.append(total / len(batch))
         self.reward_model.eval()
