@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import platform
 from collections.abc import Iterator
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -23,7 +22,11 @@ _TUNED = ("trim_threshold", "mmap_threshold", "top_pad")  # the user's setting o
 
 
 def _glibc() -> ctypes.CDLL | None:
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    try:
+        libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (AttributeError, ValueError, OSError):  # no confstr (Windows), or not glibc
+        libc = ""
+    if not libc.startswith("glibc"):
         return None
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     if any(f"MALLOC_{name.upper()}_" in os.environ or f"glibc.malloc.{name}" in tunables for name in _TUNED):
@@ -36,6 +39,7 @@ _LIBC = _glibc()
 
 @contextlib.contextmanager
 def retained_heap() -> Iterator[None]:
+    """Inside: glibc keeps freed memory mapped. After: the free memory goes back to the OS."""
     if _LIBC is None:
         yield
         return
