@@ -41,7 +41,7 @@ def _spec(models: dict, storage: str, prompts: int, epochs: int, reward: str, ch
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline", description=__doc__)
     parser.add_argument("--size", choices=["tiny", "small"], default="small")
-    parser.add_argument("--prompts", type=int, default=45, help="prompts per epoch (one training step each)")
+    parser.add_argument("--prompts", type=int, default=100, help="prompts per epoch (one training step each)")
     parser.add_argument("--epochs", type=int, default=2, help="epochs in the one training stage (each ends "
                         "with a checkpoint)")
     parser.add_argument("--checkpoint-steps", type=int, default=10,
