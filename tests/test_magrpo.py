@@ -81,6 +81,20 @@ def test_seed_heterogeneous_example_then_save_and_continue(tiny_models, tmp_path
     assert torch.equal(reloaded.lm_head.weight, continued_trainer.agents[1].lm_head.weight)
 
 
+def test_gradients_left_before_train_are_not_added_in_and_none_are_kept(tiny_models):
+    def trained(stale: bool):
+        trainer = MAGRPOTrainer(agent_model=tiny_models["qwen2-tiny"], num_agents=2, reward_func=length_ratio_reward,
+                                train_dataset=length_ratio_dataset(2), args=small_config(num_agents=2))
+        if stale:
+            for p in trainer.agents[0].parameters():
+                p.grad = torch.ones_like(p)
+        trainer.train()
+        assert all(p.grad is None for a in trainer.agents for p in a.parameters())  # freed at each step
+        return weights(trainer)
+
+    assert same(trained(stale=False), trained(stale=True))
+
+
 def test_mean_reward_rises_on_the_cooperative_task(tiny_models):
     trainer = MAGRPOTrainer(
         agent_model=tiny_models["qwen2-tiny"], num_agents=2, reward_func=length_ratio_reward,

@@ -357,6 +357,7 @@ class TrainerBase(CheckpointMixin):
         """Backpropagate this rank's loss (a sum over its samples) divided by the ``count`` samples of
         every rank, sum the ranks' gradients (their mean over the global mini-batch), clip, step, and free
         the gradients."""
+        optimizer.zero_grad(set_to_none=True)  # nothing left from outside a step is added in
         if loss is not None:
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"{what}: non-finite loss ({loss.item()}); lower the learning rates or "

@@ -226,6 +226,7 @@ class MARLHFTrainer(TrainerBase):
             for start in range(0, len(order), args.reward_train_batch_size):
                 batch = order[start:start + args.reward_train_batch_size]
                 mine = batch[self.dist.rank::self.dist.world_size]
+                self.reward_optimizer.zero_grad(set_to_none=True)  # nothing left from outside a step is added in
                 loss, right = torch.zeros(()), 0
                 if mine:
                     margin = self._margins(mine)
