@@ -43,36 +43,41 @@ _NEUTRAL = {"bos_token_id", "eos_token_id", "pad_token_id", "max_length", "use_c
 GRAPH_FROM_TOKENS = 8
 
 
-def _amd_cpu(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this is an AMD CPU, where MKL's decode-sized products read a weight that is not in cache
-    slowly (see ``_Product``); Intel's stream it well (a Xeon with AMX: a small-model decode step
-    3.9-4.1 ms with plain ``F.linear``, 5.3-5.9 ms with the AMD path's ``weight @ x.T``)."""
+def _cpu_features(cpuinfo: str = "/proc/cpuinfo") -> tuple[bool, bool]:
+    """(AMD, AVX-512): whether MKL's decode-sized products read a weight that is not in cache slowly
+    here (an AMD CPU; see ``_Product``), and whether reading it into cache first pays. Intel's stream
+    it well (a Xeon with AMX: a small-model decode step 3.9-4.1 ms with plain ``F.linear``, 5.3-5.9 ms
+    with the AMD path's ``weight @ x.T``). The read pays on a Zen 4 EPYC (AVX-512, a sum streaming
+    25-29 GB/s) and costs on an EPYC that shows only AVX2 (a sum at 12 GB/s, hardly faster than
+    the product's own read: a two-agent sampling call of one row 292 -> 255 ms without it)."""
     try:
         with open(cpuinfo) as info:
-            vendor = next((line for line in info if line.startswith("vendor_id")), "")
+            lines = [line for line in info if line.startswith(("vendor_id", "flags"))][:2]
     except OSError:
-        return False
-    return "AuthenticAMD" in vendor
+        return False, False
+    text = " ".join(lines)
+    amd = "AuthenticAMD" in text
+    return amd, amd and "avx512f" in text.split()
 
 
-AMD_CPU = _amd_cpu()
+AMD_CPU, READ_FIRST = _cpu_features()
 
 
 class _Product:
     """``x @ weight.T + bias`` for a decode step. On an AMD CPU MKL's few-row products read a weight
-    that is not in cache at 6-10 GB/s, where a plain sum streams it at 25-29 GB/s (an EPYC core;
-    the small model's 38 MB is more than its 32 MB L3), so there a large weight is either
-    multiplied the other way round, ``weight @ x.T`` (the faster kernel for 2-4 rows), or first
-    read by a sum, which leaves it in cache for ``F.linear`` (1 row, 5 rows and more: for 8 rows a
-    1024x384 weight took 170 us so, 188 us transposed, 246 us plain). The transposed product equals
-    ``F.linear``'s to rounding, the warmed one exactly; the choice per weight is made once, outside
-    the hot loop."""
+    that is not in cache at 6-10 GB/s, where a plain sum streams it at 25-29 GB/s (a Zen 4 EPYC
+    core; the small model's 38 MB is more than its 32 MB L3), so there a large weight is either
+    multiplied the other way round, ``weight @ x.T`` (the faster kernel for 2-4 rows), or, where
+    that pays (``READ_FIRST``), first read by a sum, which leaves it in cache for ``F.linear`` (1
+    row, 5 rows and more: for 8 rows a 1024x384 weight took 170 us so, 188 us transposed, 246 us
+    plain). The transposed product equals ``F.linear``'s to rounding, the warmed one exactly; the
+    choice per weight is made once, outside the hot loop."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         self.weight, self.bias = weight, bias
-        amd = AMD_CPU and weight.device.type == "cpu"
-        self.transposed = amd and weight.numel() >= 1 << 17
-        self.warmed = amd and weight.numel() >= 1 << 15
+        cpu = weight.device.type == "cpu"
+        self.transposed = AMD_CPU and cpu and weight.numel() >= 1 << 17
+        self.warmed = READ_FIRST and cpu and weight.numel() >= 1 << 15
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0] * x.shape[1]

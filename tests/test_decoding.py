@@ -77,12 +77,14 @@ def test_steps_aside_for_what_it_does_not_reproduce(model):
 
 def test_on_an_amd_cpu_large_weights_are_transposed_or_warmed_and_give_f_linear(monkeypatch):
     """The AMD path (see ``AMD_CPU``), forced here on any CPU: ``weight @ x.T`` for 2-4 rows of a
-    weight of 128K elements or more, a sum before ``F.linear`` otherwise from 32K. Linears side by
-    side, run apart (the CPU) or joined (accelerators), give the joined weights' product."""
+    weight of 128K elements or more, a sum before ``F.linear`` otherwise from 32K where that pays
+    (``READ_FIRST``). Linears side by side, run apart (the CPU) or joined (accelerators), give the
+    joined weights' product."""
     from comlrl_core import decoding
     from comlrl_core.decoding import _Projection
 
     monkeypatch.setattr(decoding, "AMD_CPU", True)
+    monkeypatch.setattr(decoding, "READ_FIRST", True)
     torch.manual_seed(0)
     layers = [torch.nn.Linear(384, 640), torch.nn.Linear(384, 128, bias=False)]
     apart, joined = _Projection(layers, join=False), _Projection(layers, join=True)
@@ -102,6 +104,8 @@ def test_on_an_amd_cpu_large_weights_are_transposed_or_warmed_and_give_f_linear(
                 torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
             else:  # warmed: F.linear itself
                 assert torch.equal(got, expected)
+    monkeypatch.setattr(decoding, "READ_FIRST", False)
+    assert [(p.transposed, p.warmed) for p in _Projection(layers, join=False).products] == [(True, False), (False, False)]
     monkeypatch.setattr(decoding, "AMD_CPU", False)
     assert not any(p.transposed or p.warmed for p in _Projection(layers, join=True).products)
 
@@ -113,6 +117,7 @@ def test_same_tokens_as_generate_on_a_model_wide_enough_for_the_amd_path(monkeyp
     from comlrl_core.tiny_models import TOKENIZERS, TinyModelSpec, build_model, build_tokenizer
 
     monkeypatch.setattr(decoding, "AMD_CPU", True)
+    monkeypatch.setattr(decoding, "READ_FIRST", True)
 
     spec = TinyModelSpec("qwen2-wide", "qwen2", "shared", 384, 1, 6, 2, 1024)
     model = build_model(spec, build_tokenizer(TOKENIZERS["shared"]), seed=3)
@@ -140,16 +145,20 @@ def test_the_fixed_shape_step_a_cuda_graph_replays_equals_the_eager_step(model):
                                        eager.logits(tokens[step], position), rtol=1e-5, atol=1e-5)
 
 
-def test_the_amd_path_is_chosen_by_the_cpu_vendor(tmp_path):
-    """AMD CPUs take the transposed and warmed products; Intel's, and machines whose vendor cannot
-    be read, do not."""
-    from comlrl_core.decoding import _amd_cpu
+def test_the_amd_path_is_chosen_by_the_cpu_vendor_and_reading_first_by_avx512(tmp_path):
+    """AMD CPUs take the transposed products, and read weights first only with AVX-512; Intel's, and
+    machines whose vendor cannot be read, take neither."""
+    from comlrl_core.decoding import _cpu_features
 
-    for vendor, expected in (("AuthenticAMD", True), ("GenuineIntel", False), (None, False)):
-        info = tmp_path / f"cpuinfo-{vendor}"
+    cases = (("AuthenticAMD", "fpu avx2 avx512f avx512bw", (True, True)), ("AuthenticAMD", "fpu avx2", (True, False)),
+             ("AuthenticAMD", "fpu avx2 avx512fp16", (True, False)), ("GenuineIntel", "avx2 avx512f", (False, False)),
+             (None, None, (False, False)))
+    for n, (vendor, flags, expected) in enumerate(cases):
+        info = tmp_path / f"cpuinfo-{n}"
         if vendor is not None:
-            info.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: 25\n")
-        assert _amd_cpu(str(info)) is expected
+            info.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: 25\nflags\t\t: {flags}\n\n"
+                            f"processor\t: 1\nvendor_id\t: {vendor}\nflags\t\t: {flags}\n")
+        assert _cpu_features(str(info)) == expected
 
 
 @pytest.mark.parametrize("generation", SETTINGS)
