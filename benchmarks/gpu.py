@@ -6,8 +6,9 @@ generated tokens per second and the fraction of the card's memory bandwidth (dec
 weight once per token step) and of its bf16 matmul throughput (2 FLOPs per parameter per generated
 token, 6 per trained token) that the run reaches. ``--peak-tb-s``/``--peak-tflops`` default to an
 H200 (4.8 TB/s, 989 dense bf16 TFLOP/s). The trainer takes the default device (the first GPU);
-``--allow-cpu --layers 2`` checks the script on a machine without one; ``BENCH_PROFILE=1`` adds
-where the training time goes.
+``--allow-cpu --layers 2 --prompt-lengths 4 16`` checks the script on a machine without one
+(short prompts: bfloat16 on a CPU without native support is slow); ``BENCH_PROFILE=1`` adds where
+the training time goes.
 
 It then times the sampler (decode steps replayed as a CUDA graph, and launched op by op) against
 Hugging Face ``generate`` (what the reference library calls) on one prompt, and one decode step
@@ -137,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--peak-tb-s", type=float, default=4.8)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--prompt-lengths", type=int, nargs="+", default=[4, 16, 64, 256, 1024],
+                        help="prompt lengths of the token tree vs full rows comparison (a CPU without native "
+                             "bfloat16 takes minutes per length from 256 on)")
     args = parser.parse_args(argv)
 
     import torch
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     cuda = torch.cuda.is_available()
     if not cuda and not args.allow_cpu:
         print("benchmarks.gpu: no CUDA device here; run it on a GPU machine (or pass --allow-cpu --layers 2 "
-              "to check the script).", file=sys.stderr)
+              "--prompt-lengths 4 16 to check the script).", file=sys.stderr)
         return 2
 
     from benchmarks.measure import Meter
@@ -205,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(figures))
     print(json.dumps({"sampler": sampler_costs(trainer.agents[0], args.num_generations, args.max_new_tokens,
                                                args.peak_tb_s, synchronize)}))
-    versus = tree_vs_full_rows(trainer.agents[0], args.num_generations, args.max_new_tokens, [4, 16, 64, 256, 1024],
+    versus = tree_vs_full_rows(trainer.agents[0], args.num_generations, args.max_new_tokens, args.prompt_lengths,
                                synchronize)
     print(json.dumps({"token_tree_vs_full_rows": versus}))
     return 0

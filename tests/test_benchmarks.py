@@ -31,10 +31,12 @@ def test_the_table_compares_both_implementations():
 
 def test_the_gpu_script_runs_on_a_cpu_when_allowed():
     """The prepared GPU script checked end to end on one layer, in its own process (its meter wraps
-    the sampler for good); its figures are not asserted."""
+    the sampler for good); its figures are not asserted. Short prompts only: bfloat16 on a CPU without
+    native support took over ten minutes for the 1024-token one."""
     done = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--allow-cpu", "--layers", "1", "--steps", "1",
-                           "--num-generations", "2", "--max-new-tokens", "4"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "WANDB_MODE": "disabled"})
+                           "--num-generations", "2", "--max-new-tokens", "4", "--prompt-lengths", "4", "16"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "WANDB_MODE": "disabled"})
     assert done.returncode == 0, done.stderr[-3000:]
     run, sampler, versus = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert run["generated_tokens"] > 0 and run["generate_tok_s"] > 0  # the sampler's calls were timed
@@ -44,5 +46,5 @@ def test_the_gpu_script_runs_on_a_cpu_when_allowed():
     assert min(sampler[f"{name}_tok_s"] for name in ("ours", "ours_op_by_op", "generate")) > 0
     assert sampler["decode_step_ms_fixed_shape_op_by_op"] > 0
     assert "decode_step_ms_cuda_graph" not in sampler  # CUDA only
-    assert [c["prompt_tokens"] for c in versus["token_tree_vs_full_rows"]] == [4, 16, 64, 256, 1024]
+    assert [c["prompt_tokens"] for c in versus["token_tree_vs_full_rows"]] == [4, 16]
     assert all(c["tree_over_full"] > 0 for c in versus["token_tree_vs_full_rows"])
