@@ -5,7 +5,7 @@
 Prints exactly one line on stdout, ``RESULT {json}`` (``benchmarks.measure.result``, impl "reference"),
 or ``RESULT {"case", "impl", "error"}`` when the case cannot run on the reference; everything the library
 prints goes to stderr. Runs in the reference's own venv: it imports ``comlrl`` and never ``comlrl_core``
-(the task's dataset and reward come from ``comlrl_core/environments.py`` loaded by file path; that file
+(the task's dataset and reward come from ``comlrl_core/environments/length_ratio.py`` loaded by file path; that file
 has no imports, so the package is not imported).
 
 How the shared SETTINGS map onto the reference (section numbers are those of the reference's notes):
@@ -71,8 +71,8 @@ EVAL_KEY = "eval/turn_1/reward_mean"
 
 
 def load_environment():
-    """``comlrl_core/environments.py`` as a stand-alone module (it has no imports)."""
-    path = ROOT / "comlrl_core" / "environments.py"
+    """``comlrl_core/environments/length_ratio.py`` as a stand-alone module (it has no imports)."""
+    path = ROOT / "comlrl_core" / "environments" / "length_ratio.py"
     spec = importlib.util.spec_from_file_location("_bench_length_ratio_environment", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -37,7 +37,7 @@ _STATIC_ROPE = {"default", "linear", "llama3"}  # position tables that do not de
 _OPTIONS = {"do_sample", "temperature", "top_k", "top_p", "max_new_tokens"}
 # Generation-config fields that leave sampling unchanged here (token ids are read separately).
 _NEUTRAL = {"bos_token_id", "eos_token_id", "pad_token_id", "max_length", "use_cache", "transformers_version",
-            "_from_model_config"}
+            "_from_model_config", "output_attentions", "output_hidden_states"}  # the last two: what generate returns
 # Capturing the step costs 32-38 ms on an H200 (3.3-3.6 op-by-op steps) and each replay saves
 # 7.5-8.4 ms, so from about 5 new tokens on it pays; 8 leaves a margin.
 GRAPH_FROM_TOKENS = 8

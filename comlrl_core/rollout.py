@@ -4,6 +4,7 @@ one batched forward for log-probs."""
 from __future__ import annotations
 
 import contextlib
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ class Completions:
     completion_ids: torch.Tensor  # [K, T]
     mask: torch.Tensor  # [K, T] bool
     texts: list[str]
+    seconds: float = 0.0  # this prompt's share of its sampling call's wall time
 
 
 def completion_mask(completion_ids: torch.Tensor, eos_ids: set[int]) -> torch.Tensor:
@@ -103,7 +105,9 @@ def generate_ids(model: nn.Module, prompts: list[torch.Tensor], k: int, generati
 
 
 def _encode(tokenizer: PreTrainedTokenizerBase, prompt: str) -> torch.Tensor:
-    ids = tokenizer(prompt, return_tensors="pt", truncation=True).input_ids
+    bos = tokenizer.bos_token  # a chat template's text already starts with it: never add a second one
+    ids = tokenizer(prompt, return_tensors="pt", truncation=True,
+                    add_special_tokens=not (bos and prompt.startswith(bos))).input_ids
     if ids.shape[1] == 0:
         raise ValueError(f"The prompt {prompt!r} encodes to no tokens; formatters must return non-empty prompts.")
     return ids
@@ -176,9 +180,13 @@ def sample_items(policies: list[nn.Module], tokenizers: list[PreTrainedTokenizer
     encoded = [[_encode(t, q[i]) for q in prompts] for i, t in enumerate(tokenizers)]  # [agent][item]
     drawn: list[list[torch.Tensor] | None] = [None] * len(policies)
 
+    seconds = [0.0] * len(policies)
+
     def draw(indices: list[int]) -> None:
         for i in indices:
+            started = time.perf_counter()
             drawn[i] = _draw(policies[i], encoded[i], k, generation, tokenizers[i].pad_token_id, draws)
+            seconds[i] = (time.perf_counter() - started) / len(prompts)
 
     threaded = _worker_devices(devices)
     if not threaded:
@@ -202,17 +210,17 @@ def sample_items(policies: list[nn.Module], tokenizers: list[PreTrainedTokenizer
                     draw(indices)
             for future in futures:
                 future.result()
-    return [[_completions(p, t, encoded[i][n], drawn[i][n]) for i, (p, t) in enumerate(zip(policies, tokenizers))]
-            for n in range(len(prompts))]
+    return [[_completions(p, t, encoded[i][n], drawn[i][n], seconds[i])
+             for i, (p, t) in enumerate(zip(policies, tokenizers))] for n in range(len(prompts))]
 
 
 def _completions(model: nn.Module, tokenizer: PreTrainedTokenizerBase, prompt_ids: torch.Tensor,
-                 out: torch.Tensor) -> Completions:
+                 out: torch.Tensor, seconds: float = 0.0) -> Completions:
     prompt_len = prompt_ids.shape[1]
     completion_ids = out[:, prompt_len:]
     mask = completion_mask(completion_ids, eos_ids(tokenizer, model))
     texts = [tokenizer.decode(ids[m], skip_special_tokens=True) for ids, m in zip(completion_ids, mask)]
-    return Completions(out[0, :prompt_len], completion_ids, mask, texts)
+    return Completions(out[0, :prompt_len], completion_ids, mask, texts, seconds)
 
 
 @dataclass

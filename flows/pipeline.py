@@ -63,4 +63,23 @@ def _publish_summary(spec: RunSpec, stages: list[dict], checkpoint: dict, result
         lines.append(f"- {metrics['metric']}: {metrics['before']:.4f} -> {metrics['after']:.4f}")
     if result.get("curve"):
         lines.append(f"- reward and loss curve: `{result['curve']}`")
+    if result.get("samples"):
+        lines += ["", "## Sample completions (held-out items)", "", *sample_lines(result["samples"])]
     create_markdown_artifact(key="comlrl-run-summary", markdown="\n".join(lines), description="Run summary")
+
+
+def sample_lines(records: list[dict], width: int = 240) -> list[str]:
+    """The first and last evaluations' completions side by side, per eval item, as Markdown list lines."""
+    def clip(text: str) -> str:
+        text = " ".join(text.split())
+        return text if len(text) <= width else text[:width - 1] + "…"
+
+    labels = ["before", "after"] if len(records) > 1 else ["evaluated"]
+    lines = []
+    for n, sample in enumerate(records[0]["samples"]):
+        lines.append(f"- prompt: {clip(sample['prompt'])}")
+        for label, record in zip(labels, records):
+            shown = record["samples"][n]
+            lines.append(f"  - {label} (step {record['step']}, reward {shown['reward']:.3f}):")
+            lines += [f"    - agent {i}: {clip(text) or '(empty)'}" for i, text in enumerate(shown["completions"])]
+    return lines

@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from comlrl_core.environments import length_ratio_dataset
+from comlrl_core.environments import builtin
+from comlrl_core.prompts import PromptTemplate
 from comlrl_core.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from comlrl_core.trainers.preference import MARLHFConfig, MARLHFIterConfig, MARLHFIterTrainer, MARLHFTrainer
 from comlrl_core.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
@@ -26,7 +27,6 @@ ALGORITHMS = {
     "marlhf": (MARLHFTrainer, MARLHFConfig),
     "marlhf_iter": (MARLHFIterTrainer, MARLHFIterConfig),
 }
-BUILTIN_DATASETS = {"length_ratio": length_ratio_dataset}
 
 
 def load_reference(reference: str, field: str) -> Any:
@@ -48,13 +48,14 @@ def load_reference(reference: str, field: str) -> Any:
 
 
 class DatasetSpec(BaseModel):
-    """One of: ``builtin`` (a shipped task), ``file`` (local .json/.jsonl), or ``path`` for ``load_dataset``."""
+    """One of: ``builtin`` (a shipped task's data: ``split`` "train"/"eval"; the toy ``length_ratio``
+    takes ``size``/``offset`` instead), ``file`` (local .json/.jsonl), or ``path`` for ``load_dataset``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    builtin: Literal["length_ratio"] | None = None
-    size: int = Field(6, ge=1, strict=True)  # strict: true or "6" is a mistake, not a count
-    offset: int = Field(0, ge=0, strict=True)
+    builtin: str | None = None
+    size: int | None = Field(None, ge=1, strict=True)  # strict: true or "6" is a mistake, not a count
+    offset: int | None = Field(None, ge=0, strict=True)
     file: str | None = None
     path: str | None = None
     name: str | None = None
@@ -66,6 +67,13 @@ class DatasetSpec(BaseModel):
         given = [k for k in ("builtin", "file", "path") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of builtin, file or path (got {given or 'none'}).")
+        if self.builtin is not None:
+            builtin(self.builtin)
+            if self.builtin != "length_ratio" and (self.size, self.offset) != (None, None):
+                raise ValueError(f"builtin={self.builtin!r} has splits, not size/offset: use split "
+                                 "('train' or 'eval') and limit.")
+        elif (self.size, self.offset) != (None, None):
+            raise ValueError("size and offset belong to builtin: length_ratio; use limit to take fewer items.")
         if self.file is not None and not Path(self.file).expanduser().is_file():
             raise ValueError(f"file={self.file!r} does not exist.")
         return self
@@ -74,8 +82,10 @@ class DatasetSpec(BaseModel):
         """The dataset: a list of dicts, or a ``datasets.Dataset``."""
         import datasets
 
-        if self.builtin is not None:
-            data = BUILTIN_DATASETS[self.builtin](self.size, self.offset)
+        if self.builtin == "length_ratio":
+            data = load_reference(builtin(self.builtin).dataset, "builtin")(self.size or 6, self.offset or 0)
+        elif self.builtin is not None:
+            data = load_reference(builtin(self.builtin).dataset, "builtin")(self.split)
         elif self.file is not None:
             data = datasets.load_dataset("json", data_files=str(Path(self.file).expanduser()), split="train")
         else:
@@ -85,6 +95,24 @@ class DatasetSpec(BaseModel):
         return data
 
 
+class TemplateSpec(BaseModel):
+    """A prompt template (see :class:`comlrl_core.prompts.PromptTemplate`), as data."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user: str
+    system: str | None = None
+    chat: bool = True
+
+    @model_validator(mode="after")
+    def _valid(self) -> TemplateSpec:
+        self.template()
+        return self
+
+    def template(self) -> PromptTemplate:
+        return PromptTemplate(self.user, self.system, self.chat)
+
+
 class RunSpec(BaseModel):
     """A pipeline run. ``config`` holds the trainer config fields (e.g. ``MAGRPOConfig``);
     ``init_from`` ("latest" or an export key) retrains from an earlier export's agents."""
@@ -92,6 +120,7 @@ class RunSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = "comlrl-run"
+    task: str | None = None  # a shipped task: fills in the data, reward and prompt templates not given
     algorithm: Literal["magrpo", "iac", "maac", "marlhf", "marlhf_iter"] = "magrpo"
     agent_model: str | None = None
     agents: list[str] | None = None
@@ -106,6 +135,7 @@ class RunSpec(BaseModel):
     reward_func: str = "comlrl_core.environments:length_ratio_reward"
     reward_processor: str | None = None
     formatters: str | list[str] | None = None
+    prompt_templates: TemplateSpec | list[TemplateSpec] | None = None  # one for every agent, or one per agent
     external_transition: str | None = None
     stage_epochs: int = Field(1, ge=1, strict=True)
     checkpoint_steps: int | None = Field(None, ge=1, strict=True)
@@ -113,6 +143,26 @@ class RunSpec(BaseModel):
     storage: str = "./comlrl-runs"
     init_from: str | None = None
     wandb: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_defaults(cls, data: Any) -> Any:
+        """``task: writing`` stands for its train/eval splits, reward, prompt templates and (with
+        ``num_turns`` > 1 in ``config``) its transition; any of them given in the spec wins."""
+        if not isinstance(data, dict) or data.get("task") is None:
+            return data
+        task = builtin(data["task"]) if isinstance(data["task"], str) else None
+        if task is None:
+            return data  # the field's own validation reports a task that is not a string
+        defaults = {"train_dataset": {"builtin": data["task"], "split": "train"},
+                    "eval_dataset": {"builtin": data["task"], "split": "eval", "limit": 16},
+                    "reward_func": task.reward}
+        if task.prompts is not None and data.get("formatters") is None:
+            defaults["prompt_templates"] = [{"user": t.user, "system": t.system, "chat": t.chat} for t in task.prompts]
+        turns = (data.get("config") or {}).get("num_turns", 1) if isinstance(data.get("config"), dict) else 1
+        if task.transition is not None and turns != 1:
+            defaults["external_transition"] = task.transition
+        return {**defaults, **data}
 
     @field_validator("name")
     @classmethod
@@ -128,6 +178,12 @@ class RunSpec(BaseModel):
         for field in ("reward_processor", "external_transition"):
             if getattr(self, field) is not None:
                 load_reference(getattr(self, field), field)
+        if self.formatters is not None and self.prompt_templates is not None:
+            raise ValueError("give formatters (Python callables) or prompt_templates, not both.")
+        count = self.num_agents or self.config.get("num_agents") or (len(self.agents) if self.agents else None)
+        if isinstance(self.prompt_templates, list) and count and len(self.prompt_templates) != count:
+            raise ValueError(f"prompt_templates has {len(self.prompt_templates)} entries for {count} agents; give "
+                             "one per agent, or a single template (a mapping) for every agent.")
         refs = [self.formatters] if isinstance(self.formatters, str) else (self.formatters or [])
         for i, ref in enumerate(refs):
             load_reference(ref, f"formatters[{i}]" if isinstance(self.formatters, list) else "formatters")
@@ -165,11 +221,6 @@ class RunSpec(BaseModel):
         an earlier export, for retraining) replace ``agent_model``/``agents``."""
         trainer_class, _ = ALGORITHMS[self.algorithm]
         args = self.trainer_config(**config_overrides)
-        formatters = self.formatters
-        if isinstance(formatters, str):
-            formatters = load_reference(formatters, "formatters")
-        elif isinstance(formatters, list):
-            formatters = [load_reference(f, f"formatters[{i}]") for i, f in enumerate(formatters)]
         kwargs = dict(
             agent_model=None if initial_agents else self.agent_model, agents=initial_agents or self.agents,
             tokenizer=self.load_tokenizers(),
@@ -177,7 +228,7 @@ class RunSpec(BaseModel):
             eval_dataset=self.eval_dataset.load() if self.eval_dataset else None,
             reward_func=load_reference(self.reward_func, "reward_func"),
             reward_processor=load_reference(self.reward_processor, "reward_processor") if self.reward_processor else None,
-            formatters=formatters,
+            formatters=self.formatter_objects(),
             external_transition=(load_reference(self.external_transition, "external_transition")
                                  if self.external_transition else None),
             wandb_config=self.wandb, args=args,
@@ -187,6 +238,18 @@ class RunSpec(BaseModel):
         if self.num_agents is not None:
             kwargs["num_agents"] = self.num_agents
         return trainer_class(**kwargs)
+
+    def formatter_objects(self):
+        """What the trainer's ``formatters`` argument gets: the templates, or the imported callables."""
+        if isinstance(self.prompt_templates, TemplateSpec):
+            return self.prompt_templates.template()
+        if self.prompt_templates is not None:
+            return [t.template() for t in self.prompt_templates]
+        if isinstance(self.formatters, str):
+            return load_reference(self.formatters, "formatters")
+        if isinstance(self.formatters, list):
+            return [load_reference(f, f"formatters[{i}]") for i, f in enumerate(self.formatters)]
+        return None
 
     def load_tokenizers(self):
         """The spec's tokenizers (ids or directories), or None to let the trainer load them."""

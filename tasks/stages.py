@@ -27,7 +27,7 @@ from comlrl_core.checkpoint import CheckpointError, sha256_file
 from comlrl_core.plots import plot_history
 from comlrl_core.storage import StorageError, open_storage
 from comlrl_core.trainers.checkpointing import checkpoint_sequence, latest_checkpoint, list_checkpoints
-from comlrl_core.trainers.data import dataset_fingerprint
+from comlrl_core.trainers.data import build_formatters, dataset_fingerprint, first_item
 
 from .launch import accelerate_command, run_streaming
 from .spec import ALGORITHMS, RunSpec
@@ -153,10 +153,16 @@ def resolve_entities(spec: RunSpec) -> dict:
                                         tokenizer=spec.load_tokenizers(), model_config=spec.model_options,
                                         critic_model=spec.critic_model, critics=spec.critics)
     sources = [s for s in [*plan.agent_sources, *plan.critic_sources, plan.reward_model_source] if s]
+    train, held_out = spec.train_dataset.load(), spec.eval_dataset.load() if spec.eval_dataset else None
+    if spec.prompt_templates is not None:  # their fields and chat templates, before any stage loads weights
+        formatters = build_formatters(spec.formatter_objects(), plan.num_agents, plan.tokenizers)
+        for dataset, name in ((train, "train_dataset"), (held_out, "eval_dataset")):
+            if (item := first_item(dataset)) is not None:
+                for formatter in formatters:
+                    formatter.check(item, name)
     manifest = {"num_agents": plan.num_agents, "init": init,
                 "sources": [_fingerprint(s) for s in dict.fromkeys(sources)],
-                "data": {"train": dataset_fingerprint(spec.train_dataset.load()),
-                         "eval": dataset_fingerprint(spec.eval_dataset.load() if spec.eval_dataset else None)}}
+                "data": {"train": dataset_fingerprint(train), "eval": dataset_fingerprint(held_out)}}
     get_run_logger().info("Resolved %d agents from %d source(s)%s.", plan.num_agents, len(manifest["sources"]),
                           f", starting from export {init['key']}" if init else "")
     return manifest
@@ -279,6 +285,7 @@ def train_stage(spec: RunSpec, job: dict, log) -> dict | None:
     def upload(path: Path) -> None:  # rank 0 only: only it writes checkpoints
         storage.put_dir(path, f"{stage_key}/partial/{job['owner']}/{path.name}")
         held["history"] = list(trainer.history)
+        held["samples"] = list(trainer.eval_samples)
         log(f"Checkpoint {path.name} of stage {stage_key} uploaded.")
 
     trainer.train(resume_from_checkpoint=resume, checkpoint_dir=checkpoints,
@@ -296,7 +303,7 @@ def train_stage(spec: RunSpec, job: dict, log) -> dict | None:
     log(f"Stage {stage_key} complete: {ref['uri']}")
     if last and "history" in held:
         export_key = _export_key(spec, ref)
-        _publish_export(spec, storage, held["history"], export_key, work)
+        _publish_export(spec, storage, held["history"], held["samples"], export_key, work)
         log(f"Export {storage.uri(export_key)} published.")
     return ref
 
@@ -305,14 +312,16 @@ def _export_key(spec: RunSpec, final: dict) -> str:
     return f"{spec.run_key}/export-{final['digest'][:12]}"
 
 
-def _publish_export(spec: RunSpec, storage, history: list[dict], export_key: str, work: Path) -> Path:
+def _publish_export(spec: RunSpec, storage, history: list[dict], samples: list[dict], export_key: str,
+                    work: Path) -> Path:
     """Publish the ``save_model`` output in ``work/export`` under ``export_key``, then the report (the history
-    the final checkpoint holds, and its reward curve) beside it; returns the local report. The last stage
-    and the export task both publish through here, so their files are identical."""
+    and eval samples the final checkpoint holds, and its reward curve) beside it; returns the local report.
+    The last stage and the export task both publish through here, so their files are identical."""
     storage.put_dir(work / "export", export_key)
     report = work / "report"
     report.mkdir()
     (report / "history.json").write_text(json.dumps(history))
+    (report / "samples.json").write_text(json.dumps(samples))
     plot_history(history, report / "reward_curve.png", title=f"{spec.name} ({spec.algorithm})")
     storage.put_dir(report, f"{export_key}-report")
     return report
@@ -335,7 +344,7 @@ def _export_checkpoint(spec: RunSpec, storage, final: dict, entities: dict, work
     trainer = spec.build_trainer(initial_agents(spec, entities["init"]))
     trainer.load_checkpoint(_fetch(storage, final, work / "final"))
     trainer.save_model(work / "export")
-    return _publish_export(spec, storage, trainer.history, _export_key(spec, final), work)
+    return _publish_export(spec, storage, trainer.history, trainer.eval_samples, _export_key(spec, final), work)
 
 
 @task(name="export", cache_policy=STAGE_CACHE, persist_result=True, retries=2, retry_delay_seconds=[2, 10],
@@ -351,8 +360,9 @@ def export_models(spec: RunSpec, final: dict, entities: dict) -> dict:
         if report is None:
             report = _export_checkpoint(spec, storage, final, entities, work)
         history = json.loads((report / "history.json").read_text())
+        samples = json.loads((report / "samples.json").read_text()) if (report / "samples.json").is_file() else []
         curve = (report / "reward_curve.png").is_file()
-    exported = {**_ref(storage, export_key), "metrics": summarize(history),
+    exported = {**_ref(storage, export_key), "metrics": summarize(history), "samples": samples,
                 "curve": storage.uri(f"{export_key}-report/reward_curve.png") if curve else None}
     # The "latest" pointer moves only once the new export is complete; older exports stay untouched.
     storage.put_text(f"{spec.name}/LATEST", json.dumps({k: exported[k] for k in ("key", "uri", "digest")}) + "\n")
@@ -360,11 +370,12 @@ def export_models(spec: RunSpec, final: dict, entities: dict) -> dict:
 
 
 def summarize(history: list[dict]) -> dict:
-    """Reward before -> after: the first and last evaluation when there is one, else training reward."""
-    for key in ("eval/turn_1/reward_mean", "turn_1/reward_mean"):
+    """Reward before -> after: the first and last evaluation when there is one, else the training
+    reward (for a preference trainer without evaluation, the reward model's score, named as such)."""
+    for key in ("eval/turn_1/reward_mean", "turn_1/reward_mean", "learned/turn_1/reward_mean"):
         values = [h[key] for h in history if key in h]
         if values:
-            quarter = max(len(values) // 4, 1) if key == "turn_1/reward_mean" else 1
+            quarter = 1 if key.startswith("eval/") else max(len(values) // 4, 1)
             return {"metric": key, "before": sum(values[:quarter]) / quarter,
                     "after": sum(values[-quarter:]) / quarter, "points": len(values)}
     return {}

@@ -127,6 +127,44 @@ def test_every_algorithm_runs_and_exports(tiny_models, tmp_path, algorithm, trai
     assert rebuilt == result  # the same export key, digest, metrics and curve
 
 
+def test_the_reported_after_is_the_exported_models_and_the_summary_shows_samples(tiny_models, tmp_path, capsys):
+    from comlrl_core.environments import length_ratio_reward
+    from comlrl_core.trainers.reinforce import MAGRPOTrainer
+    from flows.cli import _report
+
+    # Evaluations before training and at the end only; two stages, so the last one resumes a checkpoint.
+    spec = spec_for(tiny_models, tmp_path, config={"eval_interval": 100, "eval_num_samples": 3},
+                    eval_dataset={"builtin": "length_ratio", "size": 3, "offset": 6})
+    result = train_pipeline(spec)
+    history = json.loads((Path(result["uri"] + "-report") / "history.json").read_text())
+    evals = [h["eval/turn_1/reward_mean"] for h in history if "eval/turn_1/reward_mean" in h]
+    steps = [h["step"] for h in history if "eval/turn_1/reward_mean" in h]
+    assert len(steps) == 3 and len(set(steps)) == 3  # before, at the stage boundary once, at the end
+    export = Path(result["uri"])
+    again = MAGRPOTrainer(agents=[str(export / "agent_0"), str(export / "agent_1")], reward_func=length_ratio_reward,
+                          train_dataset=spec.train_dataset.load(), eval_dataset=spec.eval_dataset.load(),
+                          args=spec.trainer_config())
+    assert result["metrics"]["after"] == evals[-1] == again.evaluate()["eval/turn_1/reward_mean"]
+    assert result["metrics"]["before"] == evals[0]
+
+    before, after = result["samples"]
+    assert (before["step"], after["step"]) == (0, history[-1]["step"])
+    assert [len(r["samples"]) for r in result["samples"]] == [3, 3]
+    assert after["samples"][0]["completions"] == [again.eval_samples[-1]["samples"][0]["completions"][i]
+                                                  for i in range(2)]
+    _report(result)
+    out = capsys.readouterr().out
+    assert "before (step 0, reward" in out and f"after (step {after['step']}, reward" in out
+
+
+def test_a_template_the_data_cannot_fill_fails_before_any_stage(tiny_models, tmp_path):
+    spec = RunSpec(task="writing", agent_model=tiny_models["qwen2-tiny"], config={"num_agents": 2},
+                   prompt_templates={"user": "About {subject}", "chat": False}, storage=str(tmp_path / "runs"))
+    with pytest.raises(ValueError, match=r"reads \['subject'\]"):
+        train_pipeline(spec)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("stage-*"))
+
+
 # ---- resume -----------------------------------------------------------------------------------------
 
 def resumable_spec(tiny_models, tmp_path, storage):

@@ -120,3 +120,38 @@ def test_advantage_modes_stay_distinct_under_normalisation():
     assert torch.equal(group_advantages([3.0, 3.0], "raw", True), torch.tensor([3.0, 3.0]))
 
 
+
+
+def test_each_item_gets_its_share_of_the_sampling_time_and_rates_are_true(tiny_models):
+    """Items sampled together split the call's wall time; a trainer's tokens/s is tokens over that time
+    (it was once tokens over a near-zero interval for items sampled ahead: 8.8e5 tokens/s on a CPU)."""
+    import time
+
+    from comlrl_core.environments import length_ratio_dataset, length_ratio_reward
+    from comlrl_core.rollout import ItemDraws, sample_items
+    from comlrl_core.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["qwen2-tiny"])
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["qwen2-tiny"])
+    generation = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8}
+    started = time.perf_counter()
+    items = sample_items([model, model], [tokenizer, tokenizer], [["a b", "c"], ["d", "e f"], ["g", "h"]], 2,
+                         generation, [ItemDraws(n) for n in range(3)])
+    elapsed = time.perf_counter() - started
+    shares = [c.seconds for item in items for c in item]
+    assert all(s > 0 for s in shares) and sum(shares) <= elapsed
+    assert items[0][0].seconds == items[2][0].seconds  # one call per agent, split evenly over its items
+
+    trainer = MAGRPOTrainer(agent_model=tiny_models["qwen2-tiny"], num_agents=2, reward_func=length_ratio_reward,
+                            train_dataset=length_ratio_dataset(5),
+                            args=MAGRPOConfig(num_agents=2, num_train_epochs=1, num_generations=2, max_new_tokens=8,
+                                              rollout_buffer_size=4, eval_interval=0, verbose=False))
+    trainer.train()
+    steps = [h for h in trainer.history if "generated_tokens_per_second" in h]
+    assert len(steps) == 5  # every item: four sampled ahead together, the last in its own step
+    # Rates from the calls' own time: the four items' rates and the last one's differ by their token
+    # counts and the calls' efficiency only; a near-zero interval made them differ by orders of magnitude.
+    rates = [h["generated_tokens_per_second"] for h in steps]
+    print(f"tokens/s of the five items: {[round(r) for r in rates]}")
+    assert max(rates) <= 100 * min(rates)
+    assert len([h for h in trainer.history if "seconds_per_step" in h]) == 2  # once per window

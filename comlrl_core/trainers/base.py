@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import itertools
 import random
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +28,10 @@ from ..rewards import RewardFunction
 from ..rollout import ROWS_PER_CALL, ItemDraws, sample_items
 from ..tracking import Tracker, check_wandb_config
 from .checkpointing import CheckpointMixin, Progress, latest_checkpoint
-from .data import build_formatters, check_dataset, epoch_items, is_map_style, next_prompts
+from .data import build_formatters, check_dataset, epoch_items, first_item, is_map_style, next_prompts
+
+
+SAMPLES_SHOWN = 3  # eval items whose completions are kept to show before and after training
 
 
 def _positive_int(value, name: str, optional: bool = False) -> None:
@@ -141,7 +145,11 @@ class TrainerBase(CheckpointMixin):
         self.num_agents = args.num_agents = plan.num_agents
         self.args = args
         self.reward = RewardFunction(reward_func, self.num_agents, reward_processor)
-        self.formatters = build_formatters(formatters, self.num_agents)
+        self.formatters = build_formatters(formatters, self.num_agents, plan.tokenizers)
+        for dataset, name in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")):
+            if (item := first_item(dataset)) is not None:
+                for formatter in self.formatters:
+                    formatter.check(item, name)
         self.external_transition = external_transition
         self.eval_logger, self.eval_aggregator = eval_logger, eval_aggregator
         self.model_name = plan.model_name
@@ -156,6 +164,7 @@ class TrainerBase(CheckpointMixin):
         self._generation: dict | None = None
         self._on_checkpoint = None
         self._last_log_step = -1
+        self.eval_samples: list[dict] = []  # the first and latest evaluations' completions (see evaluate)
         self.eval_reward = self.reward  # preference trainers evaluate with the task reward, not the learned one
         callbacks = {"reward_func": reward_func, "reward_processor": reward_processor,
                      "external_transition": external_transition, "eval_logger": eval_logger,
@@ -246,16 +255,23 @@ class TrainerBase(CheckpointMixin):
             epoch = self.progress.epoch
             items = epoch_items(self.train_dataset, epoch, args.seed, args.shuffle, self.progress.index)
             groups = iter(lambda: list(itertools.islice(items, world)), [])
-            while window := self._next_window(groups, epoch, steps, generation):
-                for group, draws in window:
+            while True:
+                started, evaluating = time.perf_counter(), 0.0
+                if not (window := self._next_window(groups, epoch, steps, generation)):
+                    break
+                for position, (group, draws) in enumerate(window, start=1):
                     indices = [index for index, _ in group]
-                    if args.eval_interval and self.eval_dataset is not None and any(
-                            i % args.eval_interval == 0 for i in indices):
-                        self.tracker.log(self.evaluate(), self.progress.env_step)
+                    if args.eval_interval and any(i % args.eval_interval == 0 for i in indices):
+                        began = time.perf_counter()
+                        self._log_evaluation()
+                        evaluating += time.perf_counter() - began
                     mine = group[rank] if rank < len(group) else None
                     if mine is not None:
                         self._seed_item("train", self.progress.iteration, epoch, mine[0])
-                    self._log_train(self._synced_step(lambda: self._train_item(mine and mine[1], generation, draws)))
+                    metrics = self._synced_step(lambda: self._train_item(mine and mine[1], generation, draws))
+                    if position == len(window):  # the window's sampling and updates, per global step
+                        metrics["seconds_per_step"] = (time.perf_counter() - started - evaluating) / len(window)
+                    self._log_train(metrics)
                     done = self.progress.items_done
                     self.progress.index = indices[-1] + 1
                     self.progress.items_done += len(group)
@@ -264,10 +280,19 @@ class TrainerBase(CheckpointMixin):
                         self._commit(checkpoint_dir, save=True, total_limit=total_limit)
             self._log_train(self._synced_step(self._end_epoch))
             self.progress.epoch, self.progress.index = epoch + 1, 0
+            if self.progress.epoch == args.num_train_epochs and args.eval_interval:
+                self._log_evaluation()  # the "after" figure, before the last checkpoint: its history holds it
             due = (epoch + 1) % interval == 0 or self.progress.epoch == args.num_train_epochs
             self._commit(checkpoint_dir, save=due, total_limit=total_limit)
-            if self.progress.epoch == args.num_train_epochs and args.eval_interval and self.eval_dataset is not None:
-                self.tracker.log(self.evaluate(), self.progress.env_step)  # the "after" figure
+
+    def _log_evaluation(self) -> None:
+        """Evaluate and log, unless the models were already evaluated at this step (a run resumed at
+        the end of the one before, or a pipeline stage starting where the last one ended)."""
+        step = self.progress.env_step
+        if self.eval_dataset is None or any(h["step"] == step and any(k.startswith("eval/") for k in h)
+                                            for h in self.history[-3:]):
+            return
+        self.tracker.log(self.evaluate(), step)
 
     def _next_window(self, groups, epoch: int, steps: int | None,
                      generation: dict) -> list[tuple[list, ItemDraws | None]]:
@@ -423,6 +448,9 @@ class TrainerBase(CheckpointMixin):
                                       [h + [t] for h, t in zip(history[n][1], texts)])
                         prompts[n] = next_prompts(self.external_transition, item, texts, history[n][0],
                                                   history[n][1], self.formatters, args.external_prompt_passthrough)
+        self._keep_samples([{"prompt": item.get("prompt") or prompts[n][0],
+                             "completions": [completions_log[i][n][0] for i in range(self.num_agents)],
+                             "reward": rewards[0][n]} for n, item in enumerate(items[:SAMPLES_SHOWN])])
         metrics = {}
         for turn in range(args.num_turns):
             metrics[f"eval/turn_{turn + 1}/reward_mean"] = sum(rewards[turn]) / len(rewards[turn])
@@ -435,6 +463,11 @@ class TrainerBase(CheckpointMixin):
             for key, value in (self.eval_aggregator(per_item, num_turns=args.num_turns) or {}).items():
                 metrics[f"eval/{key}"] = value
         return metrics
+
+    def _keep_samples(self, samples: list[dict]) -> None:
+        """Keep the first evaluation's completions and the latest one's: what training changed, to show."""
+        record = {"step": self.progress.env_step, "samples": samples}
+        self.eval_samples[:] = [self.eval_samples[0], record] if self.eval_samples else [record]  # in place: shared
 
     def _eval_items(self):
         if is_map_style(self.eval_dataset):

@@ -157,6 +157,7 @@ class CheckpointMixin:
                 "rng": capture_rng(),
                 "runtime": runtime,  # one state per rank
                 "history": self.history,
+                "eval_samples": self.eval_samples,
                 "callbacks": {name: obj.state_dict() for name, obj in self._callbacks.items()
                               if hasattr(obj, "state_dict")},
             })
@@ -198,6 +199,7 @@ class CheckpointMixin:
         self._load_runtime_state(saved[rank] if len(saved) == world
                                  else self._merge_runtime_states(saved, list(range(rank, len(saved), world))))
         self.tracker.history[:] = list(state["history"])
+        self.eval_samples[:] = state.get("eval_samples", [])  # absent from checkpoints before it was kept
         self.progress = Progress(**meta["progress"])
         self.run_id = identity["run_id"]
         restore_rng(state["rng"])

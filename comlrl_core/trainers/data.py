@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
+from ..prompts import PromptTemplate
+
 
 def is_map_style(dataset: object) -> bool:
     return hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
@@ -80,18 +82,28 @@ def _declares(func: Callable, name: str) -> bool:
 
 
 class Formatter:
-    """``item -> prompt`` for one agent; ``external_prompts`` is passed only when the function declares it."""
+    """``item -> prompt`` for one agent: a callable (``external_prompts`` is passed only when it
+    declares it), a :class:`~comlrl_core.prompts.PromptTemplate` rendered with the agent's tokenizer,
+    or None for ``item["prompt"]``."""
 
-    def __init__(self, func: Callable | None, index: int):
-        if func is not None and not callable(func):
-            raise TypeError(f"formatters[{index}] must be callable, got {type(func).__name__}.")
+    def __init__(self, func: Callable | PromptTemplate | None, index: int, tokenizer=None):
+        if func is not None and not callable(func) and not isinstance(func, PromptTemplate):
+            raise TypeError(f"formatters[{index}] must be callable or a PromptTemplate, got {type(func).__name__}.")
         self.func = func
         self.index = index
-        self.takes_external = func is not None and _declares(func, "external_prompts")
+        self.tokenizer = tokenizer
+        self.takes_external = callable(func) and _declares(func, "external_prompts")
+
+    def check(self, item: dict, dataset: str) -> None:
+        """A template's fields and chat template, checked on a first item before any weights load."""
+        if isinstance(self.func, PromptTemplate):
+            self.func.check(item, self.tokenizer, f"formatters[{self.index}] ({dataset})")
 
     def __call__(self, item: dict, external_prompt: str | None = None) -> str:
         if self.func is None:
             prompt = external_prompt if external_prompt is not None else item.get("prompt")
+        elif isinstance(self.func, PromptTemplate):
+            prompt = self.func.render(item, self.tokenizer, external_prompt)
         elif external_prompt is not None and self.takes_external:
             prompt = self.func(item, external_prompts=external_prompt)
         else:
@@ -102,16 +114,27 @@ class Formatter:
         return prompt
 
 
-def build_formatters(formatters: object, num_agents: int) -> list[Formatter]:
-    """None (use ``item['prompt']``), one callable for every agent, or one per agent."""
-    if formatters is None or callable(formatters):
-        return [Formatter(formatters, i) for i in range(num_agents)]
+def build_formatters(formatters: object, num_agents: int, tokenizers: list | None = None) -> list[Formatter]:
+    """None (use ``item['prompt']``), one callable or template for every agent, or one per agent;
+    templates render with agent i's tokenizer (its chat template)."""
+    tokenizers = tokenizers or [None] * num_agents
+    if formatters is None or callable(formatters) or isinstance(formatters, PromptTemplate):
+        return [Formatter(formatters, i, tokenizers[i]) for i in range(num_agents)]
     if isinstance(formatters, (list, tuple)):
         if len(formatters) != num_agents:
             raise ValueError(f"formatters has {len(formatters)} entries but there are {num_agents} agents; "
                              "give one formatter per agent or a single callable.")
-        return [Formatter(f, i) for i, f in enumerate(formatters)]
-    raise TypeError(f"formatters must be None, a callable or a list of callables, got {type(formatters).__name__}.")
+        return [Formatter(f, i, tokenizers[i]) for i, f in enumerate(formatters)]
+    raise TypeError(f"formatters must be None, a callable, a PromptTemplate or a list of them, "
+                    f"got {type(formatters).__name__}.")
+
+
+def first_item(dataset: object) -> dict | None:
+    """A dataset's first item, without consuming an iterable one; None when it cannot be peeked."""
+    if dataset is None or not is_map_style(dataset):
+        return None
+    item = dataset[0]
+    return item if isinstance(item, dict) else None
 
 
 def next_prompts(transition: Callable, item: dict, completions: list[str], prompt_history: list[list[str]],

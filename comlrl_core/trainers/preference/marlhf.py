@@ -278,7 +278,9 @@ class MARLHFTrainer(TrainerBase):
         return self.policy._end_epoch()
 
     def _log_train(self, metrics: dict) -> None:
-        self.policy._log_train(metrics)  # the backend's last-logged step is what checkpoints keep
+        # The backend's rewards are the reward model's scores, not the task reward: named apart, so no
+        # summary or plot puts them on the task reward's scale. Its last-logged step is what checkpoints keep.
+        self.policy._log_train({f"learned/{k}" if k.startswith("turn_") else k: v for k, v in metrics.items()})
 
     def evaluate(self) -> dict:
         self._link()
@@ -290,6 +292,7 @@ class MARLHFTrainer(TrainerBase):
         self.policy.tracker = self.tracker
         self.policy._generation = self._generation
         self.policy.run_id = self.run_id
+        self.policy.eval_samples = self.eval_samples
 
     def _initial_progress(self) -> Progress:
         return Progress(stage="collect")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import time
 from dataclasses import dataclass
 
 import torch
@@ -98,6 +97,7 @@ class MAGRPOTrainer(TrainerBase):
         k = args.num_generations
         completions = sample_agents(self.agents, self.tokenizers, prompts, k, generation, draws)
         stats["tokens"] += sum(int(c.mask.sum()) for c in completions)
+        stats["sampling_seconds"] += sum(c.seconds for c in completions)
         joint = self._joint_indices()
         texts = [[completions[i].texts[j[i]] for j in joint] for i in range(self.num_agents)]
         rewards = self.reward(texts, prompts=list(prompts), batch_items=[item])
@@ -162,15 +162,13 @@ class MAGRPOTrainer(TrainerBase):
         return max(1, -(-(full - buffered) // world))
 
     def _train_item(self, item: dict | None, generation: dict, draws=None) -> dict:
-        started = time.perf_counter()
         metrics = {}
         if item is not None:
-            stats = {"rewards": {}, "returns": {}, "kl": [], "tokens": 0}
+            stats = {"rewards": {}, "returns": {}, "kl": [], "tokens": 0, "sampling_seconds": 0.0}
             samples: list[NodeSample] = []
             prompts = [f(item) for f in self.formatters]
             empty = [[] for _ in range(self.num_agents)]
             self._node(item, prompts, 0, (empty, copy.deepcopy(empty)), generation, draws, samples, stats)
-            rollout_seconds = time.perf_counter() - started
             for s in samples:
                 self.buffers[s.agent].append(s)
             for turn, values in stats["rewards"].items():
@@ -179,12 +177,11 @@ class MAGRPOTrainer(TrainerBase):
                 metrics[f"turn_{turn + 1}/expected_return"] = sum(values) / len(values)
             if stats["kl"]:
                 metrics["reference_kl_mean"] = sum(stats["kl"]) / len(stats["kl"])
-            metrics["generated_tokens_per_second"] = stats["tokens"] / max(rollout_seconds, 1e-9)
+            if stats["sampling_seconds"] > 0:  # the sampling calls' own time, a sampled-ahead share included
+                metrics["generated_tokens_per_second"] = stats["tokens"] / stats["sampling_seconds"]
         full = self.args.rollout_buffer_size * self.dist.world_size  # buffers fill on every rank
         losses = {i: self._update(i) for i, n in enumerate(self.dist.sum([len(b) for b in self.buffers])) if n >= full}
         metrics.update({f"agent_{i}/loss": sum(v) / len(v) for i, v in losses.items() if v})
-        if item is not None:
-            metrics["step_seconds"] = time.perf_counter() - started
         return metrics
 
     def _end_epoch(self) -> dict:

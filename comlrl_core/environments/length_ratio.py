@@ -1,8 +1,6 @@
-"""Small built-in cooperative tasks (a synthetic dataset plus a reward) for demos and tests, offline.
-
-``length_ratio``: agent 0 writes an answer and agent 1 a summary about half as long; both are
-rewarded for the ratio and for brevity. Tiny random-weight models learn it in seconds on a CPU
-(they learn when to emit EOS), which makes it a quick end-to-end check that training works.
+"""``length_ratio``, the toy task for demos and tests: agent 0 writes an answer and agent 1 a summary
+about half as long; both are rewarded for the ratio and for brevity. Tiny random-weight models learn
+it in seconds on a CPU (they learn when to emit EOS), a quick end-to-end check that training works.
 """
 
 from __future__ import annotations
