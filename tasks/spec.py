@@ -82,8 +82,9 @@ class DatasetSpec(BaseModel):
         """The dataset: a list of dicts, or a ``datasets.Dataset``."""
         import datasets
 
-        if self.builtin == "length_ratio":
-            data = load_reference(builtin(self.builtin).dataset, "builtin")(self.size or 6, self.offset or 0)
+        if self.builtin == "length_ratio":  # its "eval" split: the topics after the default train ones
+            offset = self.offset if self.offset is not None else 6 if self.split == "eval" else 0
+            data = load_reference(builtin(self.builtin).dataset, "builtin")(self.size or 6, offset)
         elif self.builtin is not None:
             data = load_reference(builtin(self.builtin).dataset, "builtin")(self.split)
         elif self.file is not None:

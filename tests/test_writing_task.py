@@ -95,6 +95,13 @@ def test_a_spec_names_the_task_and_may_override_its_parts(tiny_models):
     assert len(multi.train_dataset.load()) == 320
 
 
+def test_every_task_evaluates_on_items_it_does_not_train_on(tiny_models):
+    for name in TASKS:
+        spec = RunSpec(task=name, agent_model=tiny_models["qwen2-tiny"], config={"num_agents": 2})
+        train, held_out = spec.train_dataset.load(), spec.eval_dataset.load()
+        assert not [item for item in held_out if item in train], name
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"task": "poetry"}, "no built-in task 'poetry'"),
     ({"prompt_templates": [{"user": "a {topic}"}] * 3}, "3 entries for 2 agents"),
