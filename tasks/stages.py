@@ -27,7 +27,7 @@ from comlrl_core.checkpoint import CheckpointError, sha256_file
 from comlrl_core.plots import plot_history
 from comlrl_core.storage import StorageError, open_storage
 from comlrl_core.trainers.checkpointing import checkpoint_sequence, latest_checkpoint, list_checkpoints
-from comlrl_core.trainers.data import build_formatters, dataset_fingerprint, first_item
+from comlrl_core.trainers.data import build_formatters, check_formatters, dataset_fingerprint
 
 from .launch import accelerate_command, run_streaming
 from .spec import ALGORITHMS, RunSpec
@@ -155,11 +155,8 @@ def resolve_entities(spec: RunSpec) -> dict:
     sources = [s for s in [*plan.agent_sources, *plan.critic_sources, plan.reward_model_source] if s]
     train, held_out = spec.train_dataset.load(), spec.eval_dataset.load() if spec.eval_dataset else None
     if spec.prompt_templates is not None:  # their fields and chat templates, before any stage loads weights
-        formatters = build_formatters(spec.formatter_objects(), plan.num_agents, plan.tokenizers)
-        for dataset, name in ((train, "train_dataset"), (held_out, "eval_dataset")):
-            if (item := first_item(dataset)) is not None:
-                for formatter in formatters:
-                    formatter.check(item, name)
+        check_formatters(build_formatters(spec.formatter_objects(), plan.num_agents, plan.tokenizers), train,
+                         held_out)
     manifest = {"num_agents": plan.num_agents, "init": init,
                 "sources": [_fingerprint(s) for s in dict.fromkeys(sources)],
                 "data": {"train": dataset_fingerprint(train), "eval": dataset_fingerprint(held_out)}}

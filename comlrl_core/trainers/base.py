@@ -28,7 +28,7 @@ from ..rewards import RewardFunction
 from ..rollout import ROWS_PER_CALL, ItemDraws, sample_items
 from ..tracking import Tracker, check_wandb_config
 from .checkpointing import CheckpointMixin, Progress, latest_checkpoint
-from .data import build_formatters, check_dataset, epoch_items, first_item, is_map_style, next_prompts
+from .data import build_formatters, check_dataset, check_formatters, epoch_items, is_map_style, next_prompts
 
 
 SAMPLES_SHOWN = 3  # eval items whose completions are kept to show before and after training
@@ -146,10 +146,7 @@ class TrainerBase(CheckpointMixin):
         self.args = args
         self.reward = RewardFunction(reward_func, self.num_agents, reward_processor)
         self.formatters = build_formatters(formatters, self.num_agents, plan.tokenizers)
-        for dataset, name in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")):
-            if (item := first_item(dataset)) is not None:
-                for formatter in self.formatters:
-                    formatter.check(item, name)
+        check_formatters(self.formatters, train_dataset, eval_dataset)
         self.external_transition = external_transition
         self.eval_logger, self.eval_aggregator = eval_logger, eval_aggregator
         self.model_name = plan.model_name

@@ -129,12 +129,13 @@ def build_formatters(formatters: object, num_agents: int, tokenizers: list | Non
                     f"got {type(formatters).__name__}.")
 
 
-def first_item(dataset: object) -> dict | None:
-    """A dataset's first item, without consuming an iterable one; None when it cannot be peeked."""
-    if dataset is None or not is_map_style(dataset):
-        return None
-    item = dataset[0]
-    return item if isinstance(item, dict) else None
+def check_formatters(formatters: list[Formatter], train_dataset: object, eval_dataset: object) -> None:
+    """Every template's fields and chat template, against each dataset's first item (an iterable
+    dataset is not consumed to peek at it): what must fail before any weights load."""
+    for dataset, name in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")):
+        if dataset is not None and is_map_style(dataset) and isinstance(item := dataset[0], dict):
+            for formatter in formatters:
+                formatter.check(item, name)
 
 
 def next_prompts(transition: Callable, item: dict, completions: list[str], prompt_history: list[list[str]],
