@@ -22,7 +22,8 @@ def plot_history(history: list[dict], path: str | Path, title: str = "") -> Path
     loss_keys = sorted({k for h in history for k in h if k.endswith("loss")})
     curves = {label: [(h["step"], h[key]) for h in history if key in h] for label, key in series.items()}
     losses = {key: [(h["step"], h[key]) for h in history if key in h] for key in loss_keys}
-    if not any(curves.values()) and not any(losses.values()) and not any(LEARNED in h for h in history):
+    learned = [(h["step"], h[LEARNED]) for h in history if LEARNED in h]
+    if not any(curves.values()) and not any(losses.values()) and not learned:
         return None
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     for label, points in curves.items():
@@ -31,7 +32,6 @@ def plot_history(history: list[dict], path: str | Path, title: str = "") -> Path
     top.set_ylabel("task reward")
     if any(curves.values()):
         top.legend(loc="upper left")
-    learned = [(h["step"], h[LEARNED]) for h in history if LEARNED in h]
     if learned:  # the reward model's score has a scale of its own: its own axis
         right = top.twinx()
         right.plot(*zip(*learned), color="tab:purple", alpha=0.6, label="reward-model score (train)")
