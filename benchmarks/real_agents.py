@@ -26,13 +26,19 @@ def _machine() -> str:
     return f"{cpu or platform.machine()}, {os.cpu_count()} cores"
 
 
+def _reward_model(metrics: dict) -> dict:
+    """The learned reward model's held-out pair accuracy, for the preference trainers."""
+    accuracy = metrics.get("reward_model_heldout_accuracy")
+    return {} if accuracy is None else {"reward_model_heldout_accuracy": round(accuracy, 4)}
+
+
 def main(argv: list[str] | None = None) -> int:
     from flows.cli import REAL_DEMO_CONFIGS
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.real_agents", description=__doc__)
     parser.add_argument("--algorithm", choices=sorted(REAL_DEMO_CONFIGS), default="magrpo")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--items", type=int, default=48, help="training topics (one pass)")
+    parser.add_argument("--items", type=int, default=None, help="training topics, one pass (default: the demo's)")
     parser.add_argument("--workdir", type=Path, default=None, help="model and runs (default: a temporary directory)")
     args = parser.parse_args(argv)
     os.environ.update(WANDB_MODE="disabled", PREFECT_SERVER_ANALYTICS_ENABLED="false", HF_HUB_OFFLINE="1",
@@ -50,13 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with prefect_test_harness(server_startup_timeout=120):
         for seed in args.seeds:
-            spec = _load_spec(real_demo_spec(args.algorithm, model, str(work / "runs" / f"seed-{seed}"), seed=seed,
-                                             items=args.items))
+            storage = str(work / "runs" / f"{args.algorithm}-seed-{seed}")
+            spec = _load_spec(real_demo_spec(args.algorithm, model, storage, seed=seed, items=args.items))
             start = time.perf_counter()
             result = train_pipeline(spec)
             metrics = result["metrics"]
-            row = {"algorithm": args.algorithm, "seed": seed, "items": args.items, "metric": metrics["metric"],
-                   "before": round(metrics["before"], 4), "after": round(metrics["after"], 4),
+            row = {"algorithm": args.algorithm, "seed": seed, "items": spec.train_dataset.limit,
+                   "metric": metrics["metric"], "before": round(metrics["before"], 4),
+                   "after": round(metrics["after"], 4), **_reward_model(metrics),
                    "seconds": round(time.perf_counter() - start, 1), "machine": _machine(),
                    "torch": torch.__version__, "threads": torch.get_num_threads()}
             rows.append(row)
@@ -64,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     before = statistics.mean(r["before"] for r in rows)
     after = statistics.mean(r["after"] for r in rows)
     print(f"\nheld-out reward of two SmolLM2-135M-Instruct agents, writing task, {args.algorithm}, "
-          f"{args.items} topics; {rows[0]['machine']}\n")
+          f"{rows[0]['items']} topics; {rows[0]['machine']}\n")
     print("| seed | before | after | change | wall time |\n|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['seed']} | {r['before']:.3f} | {r['after']:.3f} | {r['after'] - r['before']:+.3f} | "

@@ -30,9 +30,12 @@ from .checkpoint.atomic import (
     CheckpointError,
     is_staging_name,
     publish_dir,
+    remove_stale_temps,
     sha256_file,
+    temp_sibling,
     verify_dir,
 )
+from .credentials import redact
 
 _MiB = 1 << 20
 # Files above 8 MiB (model weights) go up and down in 8 MiB parts, so one failed part is retried, not the file.
@@ -70,6 +73,10 @@ def open_storage(uri: str) -> Storage:
     """The storage behind ``uri``: ``s3://bucket[/prefix]``, ``file:///abs/path`` or a plain path."""
     if not isinstance(uri, str) or not uri.strip():
         raise ValueError(f"storage={uri!r} is empty; pass s3://bucket[/prefix], file:///abs/path or a directory path.")
+    shown = redact(uri)
+    if shown != uri:
+        raise ValueError(f"storage={shown!r} holds credentials, which a URI must not carry (it is logged and stored "
+                         "with the run); use the standard AWS credential chain or environment.")
     if "://" not in uri:
         return LocalStorage(uri)
     scheme, rest = uri.split("://", 1)
@@ -165,6 +172,20 @@ class Storage(ABC):
 
         return publish_dir(local_dir, write, extra=_extra(manifest))
 
+    def intact(self, key: str) -> bool:
+        """Whether ``key`` holds a complete directory whose stored files still match its manifest
+        (locally every byte is hashed; on S3 each object's size and recorded sha256)."""
+        try:
+            manifest = self.read_manifest(key)
+        except CheckpointError:
+            return False
+        return manifest is not None and self._intact(safe_key(key), manifest)
+
+    def remove_stale(self, key: str = "") -> list[str]:
+        """Remove what killed writers left under ``key`` (see ``remove_stale_temps``); returns their
+        locations. Object storage has nothing to remove: objects appear whole and the manifest last."""
+        return []
+
     def exists(self, key: str) -> bool:
         """Whether a complete directory (one with its manifest) is stored under ``key``."""
         return self.get_text(f"{safe_key(key)}/{MANIFEST}") is not None
@@ -241,7 +262,7 @@ class LocalStorage(Storage):
 
     def get_text(self, key: str) -> str | None:
         try:
-            return self._path(safe_key(key)).read_text(encoding="utf-8")
+            return self._regular(key).read_text(encoding="utf-8")
         except (FileNotFoundError, NotADirectoryError):
             return None
 
@@ -249,7 +270,7 @@ class LocalStorage(Storage):
         path = self._path(safe_key(key))
         if path.is_dir() and not path.is_symlink():
             # Renaming first removes the whole directory from view at once; the slow delete happens out of sight.
-            doomed = path.parent / f".{path.name}.old-{secrets.token_hex(8)}"
+            doomed = temp_sibling(path, "old")
             os.replace(path, doomed)
             shutil.rmtree(doomed)
         elif os.path.lexists(path):
@@ -257,15 +278,29 @@ class LocalStorage(Storage):
 
     def _fetch(self, key: str, dest: Path) -> None:
         try:
-            shutil.copyfile(self._path(key), dest)
+            shutil.copyfile(self._regular(key), dest)
         except FileNotFoundError:
             raise StorageError(
                 f"{self.uri(key)} is listed in its manifest but missing: the directory was partly deleted; "
                 "upload it again."
             ) from None
 
+    def remove_stale(self, key: str = "") -> list[str]:
+        return [str(path) for path in remove_stale_temps(self._path(key))]
+
     def _path(self, key: str) -> Path:
         return self.root / safe_key(key) if key else self.root
+
+    def _regular(self, key: str) -> Path:
+        """The path of ``key``, refusing a symbolic link anywhere below the storage root: stored
+        directories hold regular files only, so nothing outside storage is ever read as part of one."""
+        path = self.root
+        for part in Path(safe_key(key)).parts:
+            path = path / part
+            if path.is_symlink():
+                raise CheckpointError(f"{path} is a symbolic link; stored directories hold regular files only, so "
+                                      "it is refused. Replace it with the file itself, or delete the directory.")
+        return path
 
 
 class S3Storage(Storage):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -39,20 +40,32 @@ def demo_spec(algorithm: str, models: dict[str, Path], storage: str) -> dict:
 REAL_DEMO_CONFIGS = {
     "magrpo": {"agent_learning_rate": 1e-5, "joint_mode": "cross", "train_batch_size": 1,
                "reference_kl_enabled": True, "reference_kl_coef": 0.05},
+    "maac": {"agent_learning_rate": 5e-6, "critic_learning_rate": 2e-5, "critic_type": "v",
+             "rollout_buffer_size": 4, "train_batch_size": 4,
+             "reference_kl_enabled": True, "reference_kl_coef": 0.1},
+    "marlhf": {"rl_algorithm": "magrpo", "preference_num_candidates": 6, "preference_pairs_per_sample": 8,
+               "reward_model_device": None, "reward_learning_rate": 2e-5, "reward_num_train_epochs": 1,
+               "reward_train_batch_size": 4, "reward_eval_fraction": 0.25, "agent_learning_rate": 1e-5,
+               "train_batch_size": 1, "reference_kl_enabled": True, "reference_kl_coef": 0.05},
 }
+REAL_DEMO_ITEMS = {"marlhf": 32}  # its topics are sampled for preferences too
 
 
-def real_demo_spec(algorithm: str, model: str | Path, storage: str, seed: int = 0, items: int = 48) -> dict:
+def real_demo_spec(algorithm: str, model: str | Path, storage: str, seed: int = 0, items: int | None = None) -> dict:
     """The writing task with two real chat agents: ``items`` training topics once each, evaluated on
     32 held-out subjects before training, every 16 items, and at the end."""
+    items = items or REAL_DEMO_ITEMS.get(algorithm, 48)
     config = {"num_agents": 2, "num_train_epochs": 1, "num_generations": 4, "max_new_tokens": 80,
               "temperature": 0.8, "top_p": 1.0, "top_k": None, "rollout_buffer_size": 4, "max_grad_norm": 1.0,
               "eval_interval": 16, "eval_num_samples": 32, "seed": seed, "verbose": False,
               **REAL_DEMO_CONFIGS[algorithm]}
-    return {"name": f"demo-real-{algorithm.replace('_', '-')}", "algorithm": algorithm, "task": "writing",
+    spec = {"name": f"demo-real-{algorithm.replace('_', '-')}", "algorithm": algorithm, "task": "writing",
             "agent_model": str(model), "config": config,
             "train_dataset": {"builtin": "writing", "split": "train", "limit": items},
             "eval_dataset": {"builtin": "writing", "split": "eval", "limit": 32}, "storage": storage}
+    if algorithm in ("iac", "maac"):  # the critic starts from the same pretrained model
+        spec["critic_model"] = str(model)
+    return spec
 
 
 def _load_spec(data: dict):
@@ -70,6 +83,7 @@ def _load_spec(data: dict):
 def _run_flow(spec) -> dict:
     from flows.pipeline import train_pipeline
 
+    spec.check_storage()  # this process runs the flow: a bad path fails here, before any flow run exists
     return train_pipeline(spec)
 
 
@@ -77,6 +91,8 @@ def _report(result: dict) -> None:
     metrics = result.get("metrics") or {}
     if metrics:
         print(f"{metrics['metric']}: {metrics['before']:.4f} -> {metrics['after']:.4f}")
+        if "reward_model_heldout_accuracy" in metrics:
+            print(f"reward model, held-out pair accuracy: {metrics['reward_model_heldout_accuracy']:.3f}")
     print(f"export: {result['uri']}")
     if result.get("curve"):
         print(f"curve: {result['curve']}")
@@ -88,11 +104,9 @@ def _report(result: dict) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import yaml
+    from tasks.spec import read_spec_file
 
-    data = yaml.safe_load(Path(args.spec).read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"{args.spec} must hold a mapping of run-spec fields.")
+    data = read_spec_file(Path(args.spec))
     if args.storage:
         data["storage"] = args.storage
     _report(_run_flow(_load_spec(data)))
@@ -156,8 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", type=Path, default=Path("comlrl-demo"), help="tiny models and local runs go here")
     demo.add_argument("--storage", default=None, help="checkpoints and exports (default WORKDIR/runs; or s3://...)")
     demo.add_argument("--real", action="store_true",
-                      help="two real SmolLM2-135M-Instruct agents on the writing task (about 12 min on a CPU; "
-                      "needs the [real] extra; docs/real-agents.md has what it measured)")
+                      help="two real SmolLM2-135M-Instruct agents on the writing task, with --algorithm magrpo, "
+                      "maac or marlhf (13-28 min on a 2-core CPU; needs the [real] extra; docs/real-agents.md has "
+                      "what each measured)")
     demo.add_argument("--seed", type=int, default=0, help="the --real run's seed (sampling and data order)")
     demo.set_defaults(run=_demo)
     tiny = commands.add_parser(
@@ -181,15 +196,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(signum, frame) -> None:
+    """SIGTERM stops a run as Ctrl-C does (the flow run ends Crashed, a temporary Prefect server stops
+    with the CLI). Raised again every 2 s until the CLI has stopped, in case it lands where Python
+    cannot raise it (inside a weakref callback, which only prints it)."""
+    signal.signal(signal.SIGALRM, _interrupt)
+    signal.alarm(2)
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
     from comlrl_core.real_models import MissingExtraError
 
     args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return args.run(args)
     except (ValueError, TypeError, FileNotFoundError, MissingExtraError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        signal.alarm(0)
+        print(f"stopped ({exc.args[0] if exc.args else 'SIGINT'}); run it again to resume from the last checkpoint.",
+              file=sys.stderr)
+        return 130
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ checkpoint, so the exported weights equal those of a run that never failed.
 from __future__ import annotations
 
 from prefect import flow, get_run_logger
+from prefect.states import Failed
 from prefect.artifacts import (
     create_markdown_artifact,
     create_progress_artifact,
@@ -17,14 +18,21 @@ from prefect.artifacts import (
 )
 
 from tasks.spec import RunSpec
-from tasks.stages import export_models, plan_stages, resolve_entities, run_stage, still_stored
+from tasks.stages import cached_problem, export_models, plan_stages, resolve_entities, run_stage
 
 
 @flow(name="comlrl-train", log_prints=True)
 def train_pipeline(spec: RunSpec) -> dict:
     """Train the agents a :class:`~tasks.spec.RunSpec` describes and export them to its storage."""
+    try:
+        return _pipeline(spec)
+    except _TaskFailed as failure:  # the task logged it; the run ends on its message, with no second traceback
+        return Failed(message=failure.state.message, data=failure.state.result(raise_on_failure=False))
+
+
+def _pipeline(spec: RunSpec) -> dict:
     logger = get_run_logger()
-    entities = resolve_entities(spec)
+    entities = _result(resolve_entities(spec, return_state=True))
     stages = plan_stages(spec)
     logger.info("Run %s: %d stages (%s) into %s", spec.run_key, len(stages),
                 ", ".join(s["kind"] for s in stages), spec.storage)
@@ -38,13 +46,28 @@ def train_pipeline(spec: RunSpec) -> dict:
     return result
 
 
+class _TaskFailed(Exception):
+    def __init__(self, state):
+        super().__init__(state.message)
+        self.state = state
+
+
+def _result(state):
+    """A task's result; a failed task stops the flow with its state."""
+    if state.is_failed():
+        raise _TaskFailed(state)
+    return state.result()
+
+
 def _stored(stage_task, spec: RunSpec, *args) -> dict:
-    """Run a cached task; when its cached result names a directory since deleted from storage (say, a
-    corrupt one the user removed), compute it again instead of failing downstream."""
-    result = stage_task(spec, *args)
-    if not still_stored(spec, result):
-        get_run_logger().warning("%s is gone from storage; running %s again.", result["uri"], stage_task.name)
-        result = stage_task.with_options(refresh_cache=True)(spec, *args)
+    """Run a cached task; a cache hit whose directory was since deleted, corrupted or replaced in
+    storage is computed again instead of being trusted."""
+    state = stage_task(spec, *args, return_state=True)
+    result = _result(state)
+    problem = cached_problem(spec, result) if state.name == "Cached" else None
+    if problem is not None:
+        get_run_logger().warning("%s; running %s again.", problem, stage_task.name)
+        result = _result(stage_task.with_options(refresh_cache=True)(spec, *args, return_state=True))
     return result
 
 
@@ -61,6 +84,8 @@ def _publish_summary(spec: RunSpec, stages: list[dict], checkpoint: dict, result
     ]
     if metrics:
         lines.append(f"- {metrics['metric']}: {metrics['before']:.4f} -> {metrics['after']:.4f}")
+        if "reward_model_heldout_accuracy" in metrics:
+            lines.append(f"- reward model, held-out pair accuracy: {metrics['reward_model_heldout_accuracy']:.3f}")
     if result.get("curve"):
         lines.append(f"- reward and loss curve: `{result['curve']}`")
     if result.get("samples"):

@@ -6,14 +6,19 @@ file, or ``datasets.load_dataset`` arguments) and ``"package.module:function"`` 
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import importlib
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from comlrl_core.credentials import CREDENTIAL_KEYS, NO_URL_CREDENTIALS, find_credentials
 from comlrl_core.environments import builtin
 from comlrl_core.prompts import PromptTemplate
 from comlrl_core.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
@@ -29,10 +34,93 @@ ALGORITHMS = {
 }
 
 
+SPEC_FILE_BYTES = 1 << 20  # a run spec is a few kilobytes
+SPEC_VALUES = 100_000  # values in a spec once its YAML aliases are expanded
+MAX_STAGES = 10_000  # Prefect tasks one flow run plans
+
+
+def read_spec_file(path: Path) -> dict:
+    """A YAML run spec as a mapping, refusing at once what could exhaust memory: a file over 1 MiB,
+    nesting too deep to parse, or aliases that expand to more than ``SPEC_VALUES`` values (a
+    "billion laughs"; PyYAML shares aliased values, so counting them is cheap, expanding them is not)."""
+    size = path.stat().st_size
+    if size > SPEC_FILE_BYTES:
+        raise ValueError(f"{path} is {size} bytes; a run spec is at most {SPEC_FILE_BYTES} bytes.")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, RecursionError, UnicodeDecodeError) as exc:
+        detail = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).replace("\n", " ")
+        raise ValueError(f"{path} is not a readable YAML run spec ({detail}).") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a mapping of run-spec fields.")
+    stack, count = [data], 0
+    while stack:
+        value = stack.pop()
+        count += 1
+        if count > SPEC_VALUES:
+            raise ValueError(f"{path} holds more than {SPEC_VALUES} values once its YAML aliases are expanded; "
+                             "a run spec is far smaller. Write the values out instead of nesting aliases.")
+        if isinstance(value, dict):
+            stack += [*value.keys(), *value.values()]
+        elif isinstance(value, list):
+            stack += value
+    return data
+
+
+def read_records(path: Path, field: str) -> list[dict]:
+    """A local JSON Lines file (one object per line) or JSON file (a list of objects); every problem
+    is named by the spec field, the file and, where known, the line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{field}: {path} is not UTF-8 text ({exc.reason} at byte {exc.start}).") from None
+    by_line = path.suffix == ".jsonl" or text.lstrip().startswith("{")
+    if by_line:
+        lines = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    else:
+        lines = [(1, text)] if text.strip() else []
+    records = []
+    for number, line in lines:
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{field}: {path} line {number + exc.lineno - 1} is not valid JSON ({exc.msg}).") from None
+        values = [value] if by_line or not isinstance(value, list) else value
+        for item in values:
+            if not isinstance(item, dict):
+                where = f"line {number}" if by_line else f"item {len(records)}"
+                raise ValueError(f"{field}: {path} {where} is a JSON {type(item).__name__}, not an object; "
+                                 "each item is an object such as {\"prompt\": ...}.")
+            records.append(item)
+    if not records:
+        raise ValueError(f"{field}: {path} holds no items.")
+    return records
+
+
+ALLOWED_CALLABLES = "COMLRL_ALLOWED_CALLABLES"  # what a deployment's runs may import, beyond the project's own
+OWN_CALLABLES = ("comlrl_core.environments:*", "comlrl_core.environments.*:*")
+
+
+def check_allowed(reference: str, field: str) -> None:
+    """In a deployment's flow run, where the spec is a parameter anyone allowed to trigger the
+    deployment may set, import only the project's own task callables and the patterns
+    (``fnmatch``, comma-separated) the deployment owner lists in ``COMLRL_ALLOWED_CALLABLES``. A
+    run of one's own spec outside a deployment may import anything."""
+    from prefect.runtime import deployment
+
+    if deployment.id is None:
+        return
+    allowed = [*OWN_CALLABLES, *(p.strip() for p in os.environ.get(ALLOWED_CALLABLES, "").split(",") if p.strip())]
+    if not any(fnmatch.fnmatchcase(reference, pattern) for pattern in allowed):
+        raise ValueError(f"{field}={reference!r} is not allowed in a deployment run (allowed: {', '.join(allowed)}); "
+                         f"the deployment's owner can add it to {ALLOWED_CALLABLES} in its job variables' env.")
+
+
 def load_reference(reference: str, field: str) -> Any:
-    """Import ``"package.module:attribute"``; the error names the spec field and the fix."""
+    """Import ``"package.module:attribute"`` (see :func:`check_allowed`); errors name the spec field and the fix."""
     if not isinstance(reference, str) or reference.count(":") != 1 or not all(reference.split(":")):
         raise ValueError(f"{field}={reference!r} must be an import string 'package.module:function'.")
+    check_allowed(reference, field)
     module_name, attribute = reference.split(":")
     try:
         module = importlib.import_module(module_name)
@@ -51,7 +139,7 @@ class DatasetSpec(BaseModel):
     """One of: ``builtin`` (a shipped task's data: ``split`` "train"/"eval"; the toy ``length_ratio``
     takes ``size``/``offset`` instead), ``file`` (local .json/.jsonl), or ``path`` for ``load_dataset``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     builtin: str | None = None
     size: int | None = Field(None, ge=1, strict=True)  # strict: true or "6" is a mistake, not a count
@@ -78,8 +166,8 @@ class DatasetSpec(BaseModel):
             raise ValueError(f"file={self.file!r} does not exist.")
         return self
 
-    def load(self):
-        """The dataset: a list of dicts, or a ``datasets.Dataset``."""
+    def load(self, field: str = "dataset"):
+        """The dataset (a list of dicts, or a ``datasets.Dataset``); ``field`` names it in errors."""
         import datasets
 
         if self.builtin == "length_ratio":  # its "eval" split: the topics after the default train ones
@@ -88,8 +176,13 @@ class DatasetSpec(BaseModel):
         elif self.builtin is not None:
             data = load_reference(builtin(self.builtin).dataset, "builtin")(self.split)
         elif self.file is not None:
-            data = datasets.load_dataset("json", data_files=str(Path(self.file).expanduser()), split="train")
+            data = read_records(Path(self.file).expanduser(), f"{field}.file")
         else:
+            path = Path(self.path).expanduser()
+            script = next(path.glob("*.py"), None) if path.is_dir() else None
+            if script is not None:  # a loading script: code this project never runs
+                raise ValueError(f"{field}.path={self.path!r} holds a Python loading script ({script.name}), which "
+                                 "is never run; give data files (JSON, JSONL, Parquet, CSV) instead.")
             data = datasets.load_dataset(self.path, self.name, split=self.split)
         if self.limit is not None:
             data = data[: self.limit] if isinstance(data, list) else data.select(range(min(self.limit, len(data))))
@@ -99,7 +192,7 @@ class DatasetSpec(BaseModel):
 class TemplateSpec(BaseModel):
     """A prompt template (see :class:`comlrl_core.prompts.PromptTemplate`), as data."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     user: str
     system: str | None = None
@@ -114,23 +207,29 @@ class TemplateSpec(BaseModel):
         return PromptTemplate(self.user, self.system, self.chat)
 
 
+_NO_URL_CREDENTIALS = {"pattern": NO_URL_CREDENTIALS}
+_NO_SECRET_KEYS = {"propertyNames": {"not": {"enum": sorted(CREDENTIAL_KEYS)}}}
+
+
 class RunSpec(BaseModel):
     """A pipeline run. ``config`` holds the trainer config fields (e.g. ``MAGRPOConfig``);
     ``init_from`` ("latest" or an export key) retrains from an earlier export's agents."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
+    # The JSON-schema half of the credential rule (see _no_credentials): a Prefect server checks a
+    # deployment's parameters against it, so such a spec is refused before a flow run stores it.
     name: str = "comlrl-run"
     task: str | None = None  # a shipped task: fills in the data, reward and prompt templates not given
     algorithm: Literal["magrpo", "iac", "maac", "marlhf", "marlhf_iter"] = "magrpo"
-    agent_model: str | None = None
+    agent_model: str | None = Field(None, json_schema_extra=_NO_URL_CREDENTIALS)
     agents: list[str] | None = None
     num_agents: int | None = Field(None, ge=1, strict=True)
     tokenizers: list[str] | None = None
-    critic_model: str | None = None
+    critic_model: str | None = Field(None, json_schema_extra=_NO_URL_CREDENTIALS)
     critics: list[str] | None = None
-    model_options: dict[str, Any] | None = None
-    config: dict[str, Any] = Field(default_factory=dict)
+    model_options: dict[str, Any] | None = Field(None, json_schema_extra=_NO_SECRET_KEYS)
+    config: dict[str, Any] = Field(default_factory=dict, json_schema_extra=_NO_SECRET_KEYS)
     train_dataset: DatasetSpec = Field(default_factory=lambda: DatasetSpec(builtin="length_ratio"))
     eval_dataset: DatasetSpec | None = None
     reward_func: str = "comlrl_core.environments:length_ratio_reward"
@@ -141,9 +240,20 @@ class RunSpec(BaseModel):
     stage_epochs: int = Field(1, ge=1, strict=True)
     checkpoint_steps: int | None = Field(None, ge=1, strict=True)
     num_processes: int = Field(1, ge=1, strict=True)  # >1: each training stage is an `accelerate launch` job
-    storage: str = "./comlrl-runs"
-    init_from: str | None = None
-    wandb: dict[str, Any] | None = None
+    storage: str = Field("./comlrl-runs", json_schema_extra=_NO_URL_CREDENTIALS)
+    init_from: str | None = Field(None, json_schema_extra=_NO_URL_CREDENTIALS)
+    wandb: dict[str, Any] | None = Field(None, json_schema_extra=_NO_SECRET_KEYS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_credentials(cls, data: Any) -> Any:
+        """A spec is stored with its flow run and shown in logs: a secret in it is refused, unechoed."""
+        where = find_credentials(data, "")
+        if where is not None:
+            raise ValueError(f"{where}: a credential in a run spec is refused (the spec is stored with the flow run "
+                             "and logged). Use the AWS credential chain or environment, WANDB_API_KEY or `wandb "
+                             "login`, or a Prefect Secret block read by the worker.")
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -170,7 +280,13 @@ class RunSpec(BaseModel):
     def _name(cls, value: str) -> str:
         from comlrl_core.storage import safe_key
 
-        return safe_key(value)
+        value = safe_key(value)
+        for segment in value.split("/"):  # another run named by the prefix keeps these under its name
+            if segment.lower() == "latest" or re.fullmatch(r"[0-9a-fA-F]{16}", segment):
+                raise ValueError(f"name={value!r}: {segment!r} is reserved (each run keeps its LATEST pointer and its "
+                                 "16-hex-digit spec directories under its name, so this name would write into "
+                                 "another run's); choose another name.")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> RunSpec:
@@ -194,11 +310,40 @@ class RunSpec(BaseModel):
         if self.algorithm == "magrpo" and (self.critic_model is not None or self.critics is not None):
             # build_trainer would drop them silently: MAGRPOTrainer takes no critic.
             raise ValueError("critic_model and critics must be unset for algorithm='magrpo', which has no critic.")
+        stages = self.planned_stages()
+        if stages > MAX_STAGES:
+            raise ValueError(f"config.num_train_epochs / stage_epochs (or num_iterations) plan {stages} pipeline "
+                             f"stages; at most {MAX_STAGES} fit in a flow run: raise stage_epochs or train less.")
         if self.init_from not in (None, "latest"):
             from comlrl_core.storage import safe_key
 
-            self.init_from = safe_key(self.init_from)
+            try:
+                self.init_from = safe_key(self.init_from)
+            except ValueError as exc:
+                raise ValueError(f"init_from: {exc}") from None
         return self
+
+    def planned_stages(self) -> int:
+        """How many stages the pipeline plans for this spec, counted without listing them."""
+        config = self.trainer_config()
+        if self.algorithm == "marlhf_iter":
+            return 3 * config.num_iterations
+        return -(-config.num_train_epochs // self.stage_epochs) + (2 if self.algorithm == "marlhf" else 0)
+
+    def check_storage(self) -> None:
+        """Refuse a local ``storage`` that cannot hold the run's directories (a file in the way, or
+        no permission to write) on the machine that runs it, before any model loads; an S3 URI is
+        checked by its first request."""
+        if self.storage.startswith("s3://"):
+            return
+        path = Path(self.storage).expanduser().absolute()
+        existing = next(p for p in (path, *path.parents) if os.path.lexists(p))
+        if not existing.is_dir():
+            raise ValueError(f"storage={self.storage!r}: {existing} is a file, not a directory; give a directory "
+                             "(it is created when missing).")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ValueError(f"storage={self.storage!r}: {existing} is not writable by this user; give a directory "
+                             "you can write to.")
 
     def trainer_config(self, **overrides):
         config_class = ALGORITHMS[self.algorithm][1]
@@ -225,8 +370,8 @@ class RunSpec(BaseModel):
         kwargs = dict(
             agent_model=None if initial_agents else self.agent_model, agents=initial_agents or self.agents,
             tokenizer=self.load_tokenizers(),
-            model_config=self.model_options, train_dataset=self.train_dataset.load(),
-            eval_dataset=self.eval_dataset.load() if self.eval_dataset else None,
+            model_config=self.model_options, train_dataset=self.train_dataset.load("train_dataset"),
+            eval_dataset=self.eval_dataset.load("eval_dataset") if self.eval_dataset else None,
             reward_func=load_reference(self.reward_func, "reward_func"),
             reward_processor=load_reference(self.reward_processor, "reward_processor") if self.reward_processor else None,
             formatters=self.formatter_objects(),

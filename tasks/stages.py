@@ -11,28 +11,48 @@ the export task rebuilds it from the final checkpoint only when that did not hap
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import shutil
-import socket
 import tempfile
 import uuid
 from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
+from prefect.states import Failed
 
 from comlrl_core.checkpoint import CheckpointError, sha256_file
+from comlrl_core.checkpoint.atomic import process_alive, process_tag
 from comlrl_core.plots import plot_history
 from comlrl_core.storage import StorageError, open_storage
-from comlrl_core.trainers.checkpointing import checkpoint_sequence, latest_checkpoint, list_checkpoints
+from comlrl_core.trainers.checkpointing import (
+    check_loadable,
+    checkpoint_sequence,
+    latest_checkpoint,
+    list_checkpoints,
+)
 from comlrl_core.trainers.data import build_formatters, check_formatters, dataset_fingerprint
 
 from .launch import accelerate_command, run_streaming
 from .spec import ALGORITHMS, RunSpec
 
 STAGE_CACHE = INPUTS + TASK_SOURCE  # no run id: completed stages are reused by later flow runs
+
+
+def plain_failures(func):
+    """An expected error (a bad spec, dataset or checkpoint) fails the task with its message alone,
+    which Prefect logs without a traceback (kept at debug level); anything else still raises."""
+    @functools.wraps(func)
+    def run(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except (ValueError, TypeError, FileNotFoundError) as exc:
+            get_run_logger().debug("%s failed:", func.__name__, exc_info=True)
+            return Failed(message=f"{type(exc).__name__}: {exc}", data=exc)
+    return run
 
 
 def _transient(task, task_run, state) -> bool:
@@ -55,22 +75,36 @@ def _ref(storage, key: str) -> dict:
     return {"key": key, "uri": storage.uri(key), "digest": _digest(storage.read_manifest(key))}
 
 
-def _fetch(storage, ref: dict, into: Path) -> Path:
-    """Download a referenced directory, refusing (and removing) one whose content is not what was referenced."""
+def _fetch(storage, ref: dict, into: Path, loadable: bool = False) -> Path:
+    """Download a referenced directory, refusing (and removing) one whose content is not what was
+    referenced or, with ``loadable``, a checkpoint whose files do not load; errors name the stored copy."""
     fix = f"delete {ref['uri']} and re-run the flow: the stage that wrote it runs again"
     try:
         manifest = storage.get_dir(ref["key"], into)
+        if loadable:
+            check_loadable(into)
     except CheckpointError as exc:
-        raise CheckpointError(f"{exc} To recover, {fix}.") from None
+        shutil.rmtree(into, ignore_errors=True)
+        raise CheckpointError(f"{str(exc).replace(str(into), ref['uri'])} To recover, {fix}.") from None
     if _digest(manifest) != ref["digest"]:
         shutil.rmtree(into)
         raise CheckpointError(f"{ref['uri']} changed after it was produced (manifest digest differs); {fix}.")
     return into
 
 
-def still_stored(spec: RunSpec, ref: dict) -> bool:
-    """Whether a (possibly cached) stage result still names a complete directory in storage."""
-    return open_storage(spec.storage).exists(ref["key"])
+def cached_problem(spec: RunSpec, ref: dict) -> str | None:
+    """Why a cached stage or export result can no longer be trusted, or None. A directory whose files
+    no longer match its manifest (a flipped bit, a truncated or added file) is removed, so the rerun
+    that follows computes it again instead of finding it."""
+    storage = open_storage(spec.storage)
+    if not storage.exists(ref["key"]):
+        return f"{ref['uri']} is gone from storage"
+    if not storage.intact(ref["key"]):
+        storage.delete(ref["key"])
+        return f"{ref['uri']} no longer matches its manifest (a file was corrupted, removed or added); it was deleted"
+    if _digest(storage.read_manifest(ref["key"])) != ref["digest"]:
+        return f"{ref['uri']} was replaced by other content"
+    return None
 
 
 def plan_stages(spec: RunSpec) -> list[dict]:
@@ -142,10 +176,15 @@ def initial_agents(spec: RunSpec, init: dict | None) -> list[str] | None:
 
 
 @task(name="resolve-entities", cache_policy=NO_CACHE)
+@plain_failures
 def resolve_entities(spec: RunSpec) -> dict:
     """Check every seed rule (configs and tokenizers only), fingerprint the sources' files and the data,
     and pin the export a retraining run starts from; downstream cache keys include all of it."""
-    init = _initial_export(spec, open_storage(spec.storage))
+    spec.check_storage()
+    storage = open_storage(spec.storage)
+    for leftover in storage.remove_stale(spec.name):
+        get_run_logger().info("Removed %s, left by a writer that was killed.", leftover)
+    init = _initial_export(spec, storage)
     agents = initial_agents(spec, init)
     trainer_class = ALGORITHMS[spec.algorithm][0]
     plan = trainer_class.check_entities(spec.trainer_config(), agent_model=None if agents else spec.agent_model,
@@ -153,10 +192,10 @@ def resolve_entities(spec: RunSpec) -> dict:
                                         tokenizer=spec.load_tokenizers(), model_config=spec.model_options,
                                         critic_model=spec.critic_model, critics=spec.critics)
     sources = [s for s in [*plan.agent_sources, *plan.critic_sources, plan.reward_model_source] if s]
-    train, held_out = spec.train_dataset.load(), spec.eval_dataset.load() if spec.eval_dataset else None
-    if spec.prompt_templates is not None:  # their fields and chat templates, before any stage loads weights
-        check_formatters(build_formatters(spec.formatter_objects(), plan.num_agents, plan.tokenizers), train,
-                         held_out)
+    train = spec.train_dataset.load("train_dataset")
+    held_out = spec.eval_dataset.load("eval_dataset") if spec.eval_dataset else None
+    # Their prompt fields and chat templates, before any stage loads weights.
+    check_formatters(build_formatters(spec.formatter_objects(), plan.num_agents, plan.tokenizers), train, held_out)
     manifest = {"num_agents": plan.num_agents, "init": init,
                 "sources": [_fingerprint(s) for s in dict.fromkeys(sources)],
                 "data": {"train": dataset_fingerprint(train), "eval": dataset_fingerprint(held_out)}}
@@ -169,22 +208,12 @@ def _work_dir() -> tempfile.TemporaryDirectory:
     """Scratch space for one stage, named by host and pid so a later stage can remove what a killed
     process (SIGKILL, the OOM killer) left behind instead of filling the disk run after run."""
     root = Path(os.environ.get("COMLRL_WORK_DIR") or tempfile.gettempdir())
-    host = "".join(c if c.isalnum() else "_" for c in socket.gethostname())
+    host = process_tag().rsplit("-", 1)[0]
     for stale in root.glob(f"comlrl-stage-{host}-*-*"):
         pid = stale.name[len(f"comlrl-stage-{host}-"):].split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
-    return tempfile.TemporaryDirectory(prefix=f"comlrl-stage-{host}-{os.getpid()}-", dir=root)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by another user
-        pass
-    return True
+    return tempfile.TemporaryDirectory(prefix=f"comlrl-stage-{process_tag()}-", dir=root)
 
 
 def _owner() -> str:
@@ -200,28 +229,37 @@ def _owner() -> str:
 def _latest_partial(storage, key: str, into: Path) -> Path | None:
     """Download the newest valid checkpoint any run of this stage uploaded before it stopped.
 
-    Incomplete uploads (no manifest) are skipped; a corrupt one is skipped with a warning naming it,
-    so a resume falls back to the newest checkpoint that verifies.
+    Incomplete uploads (no manifest) are skipped; a corrupt one, or one whose files do not load even
+    though they match its manifest, is skipped with a warning naming the stored checkpoint, so a
+    resume falls back to the newest checkpoint that loads.
     """
     found = [(checkpoint_sequence(Path(name)), f"{owner}/{name}") for owner in storage.list_dirs(key)
              for name in storage.list_dirs(f"{key}/{owner}") if checkpoint_sequence(Path(name)) is not None]
     for _, rel in sorted(found, reverse=True):
-        if not storage.exists(f"{key}/{rel}"):
-            continue
+        stored, local = f"{key}/{rel}", into / Path(rel).name
         try:
-            storage.get_dir(f"{key}/{rel}", into / Path(rel).name)
+            if not storage.exists(stored):
+                continue
+            storage.get_dir(stored, local)
+            check_loadable(local)
         except CheckpointError as exc:
-            get_run_logger().warning("Skipping checkpoint %s: %s", storage.uri(f"{key}/{rel}"), exc)
+            shutil.rmtree(local, ignore_errors=True)
+            get_run_logger().warning("Skipping checkpoint %s: %s", storage.uri(stored),
+                                     str(exc).replace(str(local), storage.uri(stored)))
             continue
-        return into / Path(rel).name
+        return local
     return None
 
 
 def _finished(storage, stage_key: str) -> str | None:
     """A published final checkpoint of this stage from any run (the fallback when the cache is lost)."""
     for name in storage.list_dirs(stage_key):
-        if name.startswith("final-") and storage.exists(f"{stage_key}/{name}"):
-            return f"{stage_key}/{name}"
+        key = f"{stage_key}/{name}"
+        if name.startswith("final-") and storage.exists(key):
+            if storage.intact(key):
+                return key
+            get_run_logger().warning("Deleting %s: its files no longer match its manifest.", storage.uri(key))
+            storage.delete(key)
     return None
 
 
@@ -238,6 +276,7 @@ def _stage_overrides(spec: RunSpec, stage: dict) -> tuple[dict, dict]:
 @task(name="training-stage", task_run_name="stage-{stage[index]:02d}-{stage[kind]}", cache_policy=STAGE_CACHE,
       persist_result=True, retries=2,
       retry_delay_seconds=[2, 10], retry_condition_fn=_transient)
+@plain_failures
 def run_stage(spec: RunSpec, stage: dict, previous: dict | None, entities: dict) -> dict:
     """Run one stage to its checkpoint boundary; returns the published checkpoint's reference. The last
     stage, once it has trained, publishes the export too: its trainer already holds the final models."""
@@ -256,7 +295,7 @@ def run_stage(spec: RunSpec, stage: dict, previous: dict | None, entities: dict)
         if resume is not None:
             logger.info("Resuming stage %s from its checkpoint %s.", stage_key, resume.name)
         elif previous is not None:
-            resume = _fetch(storage, previous, work / "previous")
+            resume = _fetch(storage, previous, work / "previous", loadable=True)
         job = {"stage": stage, "stage_key": stage_key, "owner": owner, "agents": initial_agents(spec, entities["init"]),
                "resume": resume and str(resume), "work": str(work)}
         if spec.num_processes == 1:
@@ -325,10 +364,11 @@ def _publish_export(spec: RunSpec, storage, history: list[dict], samples: list[d
 
 
 def _stored_report(storage, export_key: str, into: Path) -> Path | None:
-    """The report of a complete export, downloaded (and verified); None when the export or a report
-    holding the history is not in storage."""
-    report = storage.read_manifest(f"{export_key}-report") or {}
-    if not storage.exists(export_key) or "history.json" not in report.get("files", {}):
+    """The report of a complete export, downloaded (and verified); None when the export or an intact
+    report holding the history is not in storage."""
+    if not (storage.exists(export_key) and storage.intact(f"{export_key}-report")):
+        return None
+    if "history.json" not in storage.read_manifest(f"{export_key}-report")["files"]:
         return None
     storage.get_dir(f"{export_key}-report", into)
     return into
@@ -339,13 +379,14 @@ def _export_checkpoint(spec: RunSpec, storage, final: dict, entities: dict, work
     short or resumed at its boundary, or the export was deleted); returns the local report."""
     get_run_logger().info("Exporting %s from the final checkpoint %s.", _export_key(spec, final), final["uri"])
     trainer = spec.build_trainer(initial_agents(spec, entities["init"]))
-    trainer.load_checkpoint(_fetch(storage, final, work / "final"))
+    trainer.load_checkpoint(_fetch(storage, final, work / "final", loadable=True))
     trainer.save_model(work / "export")
     return _publish_export(spec, storage, trainer.history, trainer.eval_samples, _export_key(spec, final), work)
 
 
 @task(name="export", cache_policy=STAGE_CACHE, persist_result=True, retries=2, retry_delay_seconds=[2, 10],
       retry_condition_fn=_transient)
+@plain_failures
 def export_models(spec: RunSpec, final: dict, entities: dict) -> dict:
     """The final checkpoint's export (published by the last stage, else built here), its metrics, and
     ``LATEST`` moved to it."""
@@ -369,10 +410,15 @@ def export_models(spec: RunSpec, final: dict, entities: dict) -> dict:
 def summarize(history: list[dict]) -> dict:
     """Reward before -> after: the first and last evaluation when there is one, else the training
     reward (for a preference trainer without evaluation, the reward model's score, named as such)."""
+    found = {}
     for key in ("eval/turn_1/reward_mean", "turn_1/reward_mean", "learned/turn_1/reward_mean"):
         values = [h[key] for h in history if key in h]
         if values:
             quarter = 1 if key.startswith("eval/") else max(len(values) // 4, 1)
-            return {"metric": key, "before": sum(values[:quarter]) / quarter,
-                    "after": sum(values[-quarter:]) / quarter, "points": len(values)}
-    return {}
+            found = {"metric": key, "before": sum(values[:quarter]) / quarter,
+                     "after": sum(values[-quarter:]) / quarter, "points": len(values)}
+            break
+    accuracy = [h["reward_model/heldout_accuracy"] for h in history if "reward_model/heldout_accuracy" in h]
+    if found and accuracy:  # the last fitted reward model's
+        found["reward_model_heldout_accuracy"] = accuracy[-1]
+    return found

@@ -1,6 +1,10 @@
 """Small helpers shared by test modules."""
 
 import contextlib
+import datetime
+import hashlib
+import json
+import pickle
 from pathlib import Path
 
 import torch
@@ -28,13 +32,32 @@ def spec_for(tiny_models, tmp_path, algorithm="magrpo", **changes):
 
 
 def exported_weights(result: dict) -> dict:
-    """Every ``model.safetensors`` under a local export, by relative path."""
+    """Every ``model.safetensors`` under a local export, by relative path, copied into memory (a
+    safetensors load maps the file, so a test that later damages it would change these too)."""
     local = Path(result["uri"])
-    return {p.relative_to(local).as_posix(): load_file(p) for p in sorted(local.rglob("model.safetensors"))}
+    return {p.relative_to(local).as_posix(): {k: t.clone() for k, t in load_file(p).items()}
+            for p in sorted(local.rglob("model.safetensors"))}
 
 
 def same_weights(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[f][k], b[f][k]) for f in a for k in a[f])
+
+
+def damage_consistently(checkpoint: Path, how: str) -> None:
+    """Damage a checkpoint so that its manifest still matches: a truncated weights file, or a
+    ``state.pt`` holding a pickled object that is not plain training state; then reseal the manifest."""
+    if how == "truncated-weights":
+        target = checkpoint / "agents" / "0.safetensors"
+        target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
+    else:
+        target = checkpoint / "state.pt"
+        target.write_bytes(pickle.dumps(datetime.date(2026, 12, 7)))
+    manifest_path = checkpoint / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    rel = target.relative_to(checkpoint).as_posix()
+    manifest["files"][rel] = {**manifest["files"][rel], "size": target.stat().st_size,
+                              "sha256": hashlib.sha256(target.read_bytes()).hexdigest()}
+    manifest_path.write_text(json.dumps(manifest))
 
 
 @contextlib.contextmanager

@@ -6,11 +6,15 @@ Each is refused with a message naming the file. Only ``"latest"`` — which the 
 is — falls back to the newest checkpoint that verifies.
 """
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
 
 import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+from prefect.logging.handlers import APILogWorker
 from prefect.testing.utilities import prefect_test_harness
 
 from comlrl_core.checkpoint import MANIFEST, CheckpointError
@@ -19,7 +23,7 @@ from comlrl_core.storage import open_storage
 from comlrl_core.trainers.checkpointing import latest_checkpoint
 from comlrl_core.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 from flows.pipeline import train_pipeline
-from helpers import exported_weights, same_weights, spec_for
+from helpers import damage_consistently, exported_weights, same_weights, spec_for
 
 
 def make(agent_model: str) -> MAGRPOTrainer:
@@ -125,28 +129,54 @@ def prefect_api():
         yield
 
 
-def test_the_pipeline_skips_a_corrupt_checkpoint_and_recovers_a_deleted_stage(tiny_models, tmp_path, prefect_api):
+def flow_logs(state) -> str:
+    """Every log line of a flow run and its task runs, read back from the Prefect API."""
+    APILogWorker.drain_all(timeout=10)  # logs go to the API in batches, in the background
+
+    async def read() -> str:
+        async with get_client() as client:
+            logs = await client.read_logs(log_filter=LogFilter(
+                flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+        return "\n".join(log.message for log in logs)
+
+    return asyncio.run(read())
+
+
+def test_the_pipeline_recomputes_corrupt_cached_outputs_and_skips_a_corrupt_checkpoint(tiny_models, tmp_path,
+                                                                                      prefect_api):
     spec = spec_for(tiny_models, tmp_path, checkpoint_steps=1)
     storage = open_storage(spec.storage)
-    clean = exported_weights(train_pipeline(spec))
+    first = train_pipeline(spec)
+    clean = exported_weights(first)
     [stage0, stage1] = sorted(d for d in storage.list_dirs(spec.run_key) if d.startswith("stage-"))
     final0 = next(d for d in storage.list_dirs(f"{spec.run_key}/{stage0}") if d.startswith("final-"))
-    flip_bit(Path(storage.uri(f"{spec.run_key}/{stage0}/{final0}")) / "agents" / "0.safetensors")
+    damaged = storage.uri(f"{spec.run_key}/{stage0}/{final0}")
+    # A cache hit is verified before it is trusted: a damaged export, then a damaged stage output, is
+    # deleted with a warning naming it and computed again, to the same weights.
+    for path in (Path(first["uri"]) / "agent_1" / "model.safetensors", Path(damaged) / "agents" / "0.safetensors"):
+        flip_bit(path)
+        again = train_pipeline(spec, return_state=True)
+        assert again.is_completed()
+        assert f"{str(path).split('/agent')[0]} no longer matches its manifest" in flow_logs(again)
+        assert same_weights(exported_weights(again.result()), clean)
+        latest = json.loads(storage.get_text(f"{spec.name}/LATEST"))["key"]
+        assert storage.intact(latest)
+    assert all(storage.intact(f"{spec.run_key}/{stage}/{d}") for stage in (stage0, stage1)
+               for d in storage.list_dirs(f"{spec.run_key}/{stage}") if d.startswith("final-"))
 
-    failed = train_pipeline(spec, return_state=True)  # stage 0 is cached; stage 1 is cached too...
-    assert failed.is_completed()  # ...and its output intact, so nothing reads the damaged file
-    storage.delete(f"{spec.run_key}/{stage1}")  # now stage 1 must run again and read stage 0's output
-    refused = train_pipeline(spec, return_state=True)
-    assert refused.is_failed()
-    message = str(refused.result(raise_on_failure=False))
-    assert "checksum mismatch" in message and f"{final0}/agents/0.safetensors" in message
-    assert f"delete {storage.uri(f'{spec.run_key}/{stage0}/{final0}')}" in message
-
-    storage.delete(f"{spec.run_key}/{stage0}/{final0}")  # what the message says to do
+    final0 = next(d for d in storage.list_dirs(f"{spec.run_key}/{stage0}") if d.startswith("final-"))
+    storage.delete(f"{spec.run_key}/{stage0}/{final0}")  # stage 0 must run again...
     partial = f"{spec.run_key}/{stage0}/partial"
-    newest = max((f"{partial}/{o}/{c}" for o in storage.list_dirs(partial) for c in storage.list_dirs(f"{partial}/{o}")),
-                 key=lambda k: int(k.rsplit("-", 1)[1]))
-    truncate(Path(storage.uri(newest)) / "state.pt")  # and the stage's newest checkpoint is damaged too
+    checkpoints = [f"{partial}/{owner}/{name}" for owner in storage.list_dirs(partial)
+                   for name in storage.list_dirs(f"{partial}/{owner}")]
+    last = max(int(k.rsplit("-", 1)[1]) for k in checkpoints)
+    newest = [k for k in checkpoints if int(k.rsplit("-", 1)[1]) == last]  # one per run of the stage
+    for key in newest:  # ...and its newest checkpoints are damaged too, under manifests rewritten to match
+        damage_consistently(Path(storage.uri(key)), "truncated-weights")
     recovered = train_pipeline(spec, return_state=True)
     assert recovered.is_completed()
+    logs = flow_logs(recovered)
+    for key in newest:
+        assert f"Skipping checkpoint {storage.uri(key)}: {storage.uri(key)}/agents/0.safetensors is not a " \
+               "readable safetensors file" in logs
     assert same_weights(exported_weights(recovered.result()), clean)

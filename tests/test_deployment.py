@@ -65,6 +65,7 @@ def stack(tmp_path_factory, tiny_models):
            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{s3_port}",
            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "COMLRL_FAULT_MARKER": str(work / "fault-happened"), "COMLRL_FAULT_AT": "5",
+           "COMLRL_ALLOWED_CALLABLES": "pipeline_faults:*",  # the deployment owner allows the test's faults
            "PYTHONPATH": f"{Path(__file__).parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     processes = [start([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(api_port), "--analytics-off"],
                        env, work / "server.log"),
@@ -129,10 +130,29 @@ def test_schedule_exists_and_is_inactive(stack):
     assert [s["active"] for s in inspected["schedules"]] == [False]
 
 
-def test_invalid_parameters_are_refused_before_a_run_is_created(stack):
-    bad = run_spec(stack, "bad", stage_epochs="many")
+SECRET = "sentinelDeploymentSecret0123456789"
+
+
+@pytest.mark.parametrize("change", [{"stage_epochs": "many"}, {"storage": f"s3://AKIAEXAMPLE:{SECRET}@comlrl-e2e/r"},
+                                    {"wandb": {"mode": "offline", "api_key": SECRET}}])
+def test_invalid_parameters_are_refused_before_a_run_is_created(stack, change):
+    bad = run_spec(stack, "bad", **change)
     done = prefect(stack["env"], "deployment", "run", "comlrl-train/magrpo", "--params", json.dumps({"spec": bad}))
     assert done.returncode != 0 and "UUID:" not in done.stdout
+    request = urllib.request.Request(f"{stack['env']['PREFECT_API_URL']}/flow_runs/filter", data=b"{}",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request) as reply:
+        assert SECRET.encode() not in reply.read()  # no flow run holds it as a parameter
+
+
+def test_a_deployment_run_imports_only_allowed_callables(stack):
+    """Anyone who may trigger a deployment sets its spec: a callable outside the allow-list (here one
+    from the standard library, importable on the worker) is refused before it is imported."""
+    code, output, run_id = deployment_run(stack, run_spec(stack, "not-allowed", reward_func="os:getcwd"))
+    assert code != 0 and flow_run_state(stack, run_id) in ("Failed", "Crashed")
+    inspected = json.loads(prefect(stack["env"], "flow-run", "inspect", run_id, "--output", "json").stdout)
+    message = inspected["state"]["message"]
+    assert "reward_func='os:getcwd' is not allowed in a deployment run" in message, message
 
 
 def test_deployment_run_exports_to_s3_and_a_failed_run_is_retried(stack, tmp_path, monkeypatch):

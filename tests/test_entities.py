@@ -141,6 +141,21 @@ def test_missing_and_non_model_directories(tiny_models, tmp_path):
         magrpo(agent_model=str(tmp_path))
 
 
+def test_pickled_weights_holding_objects_are_refused_naming_the_file(tiny_models, tmp_path):
+    import datetime
+
+    from safetensors.torch import load_file
+
+    model = tmp_path / "pickled"
+    shutil.copytree(tiny_models["qwen2-tiny"], model)
+    weights = load_file(model / "model.safetensors")
+    (model / "model.safetensors").unlink()
+    torch.save({**weights, "not_a_tensor": datetime.date(2026, 12, 7)}, model / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=rf"agents\[0\]: {model / 'pytorch_model.bin'} of model .* holds pickled "
+                                         "objects other than plain tensors, which are never unpickled"):
+        load_agents(magrpo(agent_model=str(model), num_agents=2), CPU)
+
+
 def test_rules_are_checked_before_any_weights_load(tiny_models, tmp_path):
     weightless = tmp_path / "weightless"
     shutil.copytree(tiny_models["qwen2-tiny"], weightless)

@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,9 @@ def task_states(state) -> dict[str, str]:
     ({"config": {"agent_learning_rate": -1.0}}, "agent_learning_rate"),
     ({"config": {"learning_rate": 1e-3}}, "learning_rate"),
     ({"name": "../escape"}, "name"),
+    ({"name": "other-run/LATEST"}, "name"),
+    ({"init_from": "../other-run/export-0123"}, "init_from"),
+    ({"name": "other-run/0123456789abcdef/x"}, "name"),
     ({"storage_uri": "x"}, "storage_uri"),
 ])
 def test_bad_specs_are_refused_naming_the_field(tiny_models, tmp_path, change, field):
@@ -78,6 +83,9 @@ def test_stage_plans():
     assert kinds["magrpo"] == ["policy", "policy"]
     assert kinds["marlhf"] == ["collect", "fit", "policy", "policy"]
     assert kinds["marlhf_iter"] == ["collect", "fit", "policy"] * 2
+    for algorithm in ("magrpo", "marlhf", "marlhf_iter"):
+        spec = RunSpec(**demo_spec(algorithm, models, "/tmp"))
+        assert spec.planned_stages() == len(plan_stages(spec))
 
 
 # ---- every algorithm -----------------------------------------------------------------------------------
@@ -100,6 +108,8 @@ def trainer_builds(monkeypatch) -> list[str]:
 @pytest.mark.parametrize("algorithm", ["magrpo", "iac", "maac", "marlhf", "marlhf_iter"])
 def test_every_algorithm_runs_and_exports(tiny_models, tmp_path, algorithm, trainer_builds):
     config = {"num_iterations": 1, "num_train_epochs": 1} if algorithm == "marlhf_iter" else {}
+    if algorithm.startswith("marlhf"):
+        config["reward_eval_fraction"] = 0.5
     spec = spec_for(tiny_models, tmp_path, algorithm, config=config,
                     eval_dataset={"builtin": "length_ratio", "size": 2, "offset": 6})
     result = train_pipeline(spec)
@@ -109,6 +119,7 @@ def test_every_algorithm_runs_and_exports(tiny_models, tmp_path, algorithm, trai
     AutoModelForCausalLM.from_pretrained(export / "agent_1")
     if algorithm.startswith("marlhf"):
         assert (export / "reward_model" / "reward_head.pt").is_file()
+        assert 0.0 <= result["metrics"]["reward_model_heldout_accuracy"] <= 1.0
     assert result["metrics"]
     assert Path(result["curve"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -364,3 +375,121 @@ def test_cli_reports_a_bad_spec_before_loading_anything(tmp_path, capsys):
     spec_file.write_text(yaml.safe_dump({"algorithm": "magrpo", "agent_model": "x", "config": {"num_generations": 1}}))
     assert cli_main(["run", str(spec_file)]) == 2
     assert "num_generations" in capsys.readouterr().err
+
+
+def test_a_storage_path_that_cannot_hold_directories_is_refused_before_any_model_loads(tiny_models, tmp_path,
+                                                                                       capsys, trainer_builds):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    spec = spec_for(tiny_models, tmp_path, storage=str(blocker / "runs"))
+    message = f"storage={str(blocker / 'runs')!r}: {blocker} is a file, not a directory"
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    assert cli_main(["run", str(spec_file)]) == 2  # the CLI refuses it before a flow run exists
+    assert message in capsys.readouterr().err
+    state = train_pipeline(spec, return_state=True)  # a deployment's flow run: its first task refuses it
+    assert state.is_failed() and message in str(state.result(raise_on_failure=False))
+    assert trainer_builds == []
+
+
+BILLION_LAUGHS = "\n".join(["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"] + [
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]" for i in range(8)] + ["name: *i", ""])
+
+
+@pytest.mark.parametrize("text, message", [
+    (BILLION_LAUGHS, "more than 100000 values once its YAML aliases are expanded"),
+    ("a: " + "[" * 20000 + "]" * 20000 + "\n", "nested too deeply"),
+    ("name: x\n" + "# padding\n" * 120000, "a run spec is at most 1048576 bytes"),
+    ("{algorithm: magrpo, agent_model: x, config: {num_train_epochs: 1000000000000}}",
+     "plan 1000000000000 pipeline stages; at most 10000"),
+])
+def test_resource_bombs_in_a_spec_file_are_refused_at_once(tmp_path, text, message):
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(text)
+    # A child process with a deadline: without the limits these exhaust memory or run for minutes.
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(spec_file)], capture_output=True,
+                          text=True, timeout=60, cwd=TESTS.parent)
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("empty.jsonl", "", "train_dataset.file: {path} holds no items."),
+    ("broken.jsonl", '{"prompt": "a"}\n\n{"prompt": \n', "train_dataset.file: {path} line 3 is not valid JSON"),
+    ("list.jsonl", '{"prompt": "a"}\n[1, 2]\n', "train_dataset.file: {path} line 2 is a JSON list, not an object"),
+    ("broken.json", '[{"prompt": "a"},\n {"prompt": }]', "train_dataset.file: {path} line 2 is not valid JSON"),
+    ("latin1.jsonl", b'{"prompt": "caf\xe9"}\n', "train_dataset.file: {path} is not UTF-8 text"),
+    ("no-prompt.jsonl", '{"question": "a"}\n', "train_dataset: its first item has no non-empty 'prompt' field"),
+    ("script", None, "train_dataset.path='{path}' holds a Python loading script (load.py), which is never run"),
+])
+def test_a_bad_dataset_is_refused_naming_the_field_file_and_line(tiny_models, tmp_path, name, text, message):
+    path = tmp_path / name
+    if text is None:
+        path.mkdir()
+        (path / "load.py").write_text("import os\n")
+        source = {"path": str(path)}
+    else:
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        source = {"file": str(path)}
+    spec = spec_for(tiny_models, tmp_path, train_dataset=source)
+    with pytest.raises(ValueError) as refused:
+        spec.build_trainer()  # the data is read, and its first item checked, before any weights load
+    assert message.format(path=path) in str(refused.value)
+
+
+def test_an_expected_error_in_a_task_is_reported_without_a_traceback(tiny_models, tmp_path, capfd):
+    data = tmp_path / "no-prompt.jsonl"
+    data.write_text('{"question": "a"}\n')
+    spec = spec_for(tiny_models, tmp_path, train_dataset={"file": str(data)})
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    assert cli_main(["run", str(spec_file)]) == 2
+    output = "".join(capfd.readouterr())
+    assert "error: train_dataset: its first item has no non-empty 'prompt' field" in output
+    assert "Traceback" not in output
+    state = train_pipeline(spec, return_state=True)  # the flow run ends on the task's message
+    assert state.is_failed() and "its first item has no non-empty 'prompt' field" in state.message
+
+
+def _descendants(pid: int) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            listed = task / "children"
+            children = {int(c) for c in listed.read_text().split()} if listed.exists() else set()
+            todo += children - found
+            found |= children
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_cli_promptly_with_no_process_left_and_the_run_crashed(tiny_models, tmp_path, signum):
+    import sqlite3
+    import threading
+
+    spec = spec_for(tiny_models, tmp_path, config={"num_train_epochs": 50}, checkpoint_steps=1)
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    cli = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(spec_file)], env=env, cwd=TESTS.parent,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(cli.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 180
+    while not any("Checkpoint checkpoint-2 " in line for line in lines) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    children = _descendants(cli.pid)
+    assert children, "".join(lines)[-3000:]  # the temporary Prefect server, at least
+    cli.send_signal(signum)
+    assert cli.wait(timeout=60) == 130  # promptly: a 50-epoch run was under way
+    reader.join(timeout=10)
+    output = "".join(lines)
+    assert f"stopped ({signum.name}); run it again to resume" in output, output[-3000:]
+    time.sleep(1)
+    left = [pid for pid in children if Path(f"/proc/{pid}").exists()]
+    assert not left, f"processes left behind: {left}"
+    with sqlite3.connect(tmp_path / "prefect-home" / "prefect.db") as db:
+        states = [row[0] for row in db.execute("SELECT state_type FROM flow_run")]
+    assert states and states[-1] in ("CRASHED", "CANCELLED"), states

@@ -6,10 +6,11 @@ import shutil
 import pytest
 import torch
 
-from comlrl_core.checkpoint import CheckpointError
+from comlrl_core.checkpoint import CheckpointError, verify_dir
 from comlrl_core.environments import length_ratio_dataset, length_ratio_reward
 from comlrl_core.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 from comlrl_core.utils import read_checkpoint_metadata
+from helpers import damage_consistently
 
 
 class CountingReward:
@@ -165,6 +166,18 @@ def test_latest_skips_a_corrupt_newest_checkpoint(tiny_models, full_run):
     assert identical(weights(trainer), weights(resumed))  # resumed from checkpoint-8, replayed the rest
     with pytest.raises(ValueError, match="'latest' needs checkpoint_dir"):
         make(tiny_models).train(resume_from_checkpoint="latest")
+
+
+@pytest.mark.parametrize("how", ["truncated-weights", "foreign-state"])
+def test_latest_skips_a_newest_checkpoint_that_verifies_but_does_not_load(tiny_models, full_run, tmp_path, how):
+    trainer, ck = full_run
+    damage_consistently(ck / "checkpoint-9", how)
+    verify_dir(ck / "checkpoint-9")  # its manifest matches its (damaged) files
+    with pytest.raises(CheckpointError, match=r"checkpoint-9/(agents/0\.safetensors|state\.pt)"):
+        make(tiny_models).train(resume_from_checkpoint=ck / "checkpoint-9")
+    resumed = make(tiny_models)
+    resumed.train(resume_from_checkpoint="latest", checkpoint_dir=ck)
+    assert identical(weights(trainer), weights(resumed))  # from checkpoint-8
 
 
 def test_a_fresh_run_never_overwrites_another_runs_checkpoints(tiny_models, full_run):

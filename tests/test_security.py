@@ -173,6 +173,38 @@ def test_credentials_in_the_endpoint_url_stay_out_of_errors(monkeypatch):
     assert secret not in _error_text(error.value)
 
 
+@pytest.mark.parametrize("where, change", [
+    ("storage", lambda secret: {"storage": f"s3://AKIAEXAMPLE:{secret}@{BUCKET}/runs"}),
+    ("agent_model", lambda secret: {"agent_model": f"https://user:{secret}@models.example/qwen"}),
+    ("train_dataset.path", lambda secret: {"train_dataset": {"path": f"https://x:{secret}@data.example/set"}}),
+    ("wandb.api_key", lambda secret: {"wandb": {"project": "p", "api_key": secret}}),
+    ("model_options.token", lambda secret: {"model_options": {"token": secret}}),
+])
+def test_a_credential_in_a_spec_is_refused_unechoed_before_a_flow_run_exists(tiny_models, tmp_path, capfd, prefect_api,
+                                                                          where, change):
+    from flows.cli import main as cli_main
+
+    secret = _sentinels()["AWS_SECRET_ACCESS_KEY"]
+    data = {**spec_for(tiny_models, tmp_path).model_dump(mode="json"), **change(secret)}
+    with pytest.raises(ValidationError) as refused:
+        RunSpec(**data)
+    assert where in str(refused.value) and secret not in _error_text(refused.value)
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(json.dumps(data))
+    runs_before = len(asyncio.run(_prefect_records()))
+    assert cli_main(["run", str(spec_file)]) == 2
+    output = "".join(capfd.readouterr())
+    assert where in output and "a credential in a run spec is refused" in output and secret not in output
+    assert len(asyncio.run(_prefect_records())) == runs_before  # no flow run, so no stored parameter
+
+
+def test_a_credential_in_a_storage_uri_is_refused_unechoed():
+    secret = _sentinels()["AWS_SECRET_ACCESS_KEY"]
+    with pytest.raises(ValueError, match=r"storage='s3://\*\*\*@bucket/runs' holds credentials") as refused:
+        open_storage(f"s3://AKIAEXAMPLE:{secret}@bucket/runs")
+    assert secret not in _error_text(refused.value)
+
+
 # ---- path safety -----------------------------------------------------------------------------------------
 
 HOSTILE = st.one_of(

@@ -3,6 +3,9 @@
 import json
 import os
 import socket
+import subprocess
+import sys
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -13,6 +16,7 @@ from botocore.config import Config
 from moto.server import ThreadedMotoServer
 
 from comlrl_core.checkpoint import CheckpointError, publish_dir, sha256_file, verify_dir
+from comlrl_core.checkpoint.atomic import process_tag
 from comlrl_core.storage import LocalStorage, S3Storage, StorageError, open_storage, safe_key
 
 BIG = 9 << 20  # above the 8 MiB multipart threshold: two parts
@@ -212,6 +216,63 @@ def test_local_listing_skips_staging_leftovers(tmp_path):
     (tmp_path / "runs" / "a").mkdir(parents=True)
     (tmp_path / "runs" / ".b.staging-0123abcd").mkdir()
     assert storage.list_dirs("runs") == ["a"]
+
+
+@pytest.mark.parametrize("link", ["sub/b.bin", "sub", "manifest.json"])
+def test_a_symlink_inside_a_stored_directory_is_refused_by_name(tmp_path, link):
+    """Even a link to identical bytes (so every checksum matches) is never followed out of storage."""
+    storage = LocalStorage(tmp_path / "store")
+    storage.put_dir(make_dir(tmp_path / "src", {"a.bin": b"a" * 10, "sub/b.bin": b"b" * 10}), "ckpt")
+    stored = Path(storage.uri("ckpt")) / link
+    outside = tmp_path / "outside"
+    os.replace(stored, outside)
+    os.symlink(outside, stored)
+
+    with pytest.raises(CheckpointError, match=f"{stored} is a symbolic link"):
+        storage.get_dir("ckpt", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert not storage.intact("ckpt")
+
+
+def test_leftovers_of_killed_writers_are_removed_and_a_live_writers_kept(tmp_path):
+    storage = LocalStorage(tmp_path / "store")
+    parent = Path(storage.uri("run/stage/partial/owner"))
+    # A writer SIGKILLed in the middle of a publish leaves its staging directory behind.
+    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from comlrl_core.checkpoint import publish_dir
+
+        def write(staging):
+            (staging / "weights.bin").write_bytes(b"w" * 100)
+            time.sleep(600)
+
+        publish_dir({str(parent / "checkpoint-1")!r}, write)
+        """)])
+    while not list(parent.glob(".checkpoint-1.staging-*/weights.bin")):
+        time.sleep(0.05)
+    writer.kill()
+    writer.wait()
+    [killed] = parent.glob(".checkpoint-1.staging-*")
+
+    def leftover(name: str, age_days: float = 0) -> Path:
+        path = parent / name
+        (path / "agents").mkdir(parents=True)
+        (path / "agents" / "0.safetensors").write_bytes(b"x")
+        stamp = time.time() - age_days * 86400
+        for p in (path / "agents" / "0.safetensors", path / "agents", path):
+            os.utime(p, (stamp, stamp))
+        return path
+
+    host = process_tag().rsplit("-", 1)[0]
+    live = leftover(f".checkpoint-2.staging-{host}-{os.getpid()}-{'b' * 16}")  # this process: alive
+    fresh = leftover(f".checkpoint-3.staging-otherhost-7-{'c' * 16}")  # another host's, recent
+    old = leftover(f".checkpoint-4.old-otherhost-7-{'d' * 16}", age_days=2)  # another host's, untouched for days
+    legacy = leftover(f".checkpoint-5.staging-{'e' * 16}", age_days=2)  # no writer in the name
+    storage.put_dir(make_dir(tmp_path / "src", {"a.bin": b"a"}), "run/stage/final")
+
+    assert sorted(storage.remove_stale("run")) == sorted(str(p) for p in (killed, old, legacy))
+    assert live.is_dir() and fresh.is_dir() and storage.intact("run/stage/final")
+    assert storage.remove_stale("run") == []
 
 
 def test_unreachable_endpoint_fails_fast_without_leaking_the_secret(tmp_path):

@@ -6,7 +6,7 @@ either checked against the manifest or loaded without unpickling arbitrary objec
 
 from .atomic import MANIFEST, CheckpointError, is_staging_name, publish_dir, sha256_file, verify_dir
 from .metadata import CHECKPOINT_VERSION, METADATA, read_checkpoint_metadata, write_metadata
-from .state import capture_rng, load_state, load_tensors, restore_rng, save_state, save_tensors
+from .state import capture_rng, check_tensors, load_state, load_tensors, restore_rng, save_state, save_tensors
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -14,6 +14,7 @@ __all__ = [
     "METADATA",
     "CheckpointError",
     "capture_rng",
+    "check_tensors",
     "is_staging_name",
     "load_state",
     "load_tensors",

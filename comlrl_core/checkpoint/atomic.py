@@ -17,6 +17,8 @@ import os
 import re
 import secrets
 import shutil
+import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +26,10 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
 
 _CHUNK = 1 << 20
-_TEMP_NAME = re.compile(r"\..+\.(staging|old)-[0-9a-f]+")
+# ".NAME.staging-HOST-PID-TOKEN": who wrote a leftover, so a later run can tell a dead writer's from a
+# live one's (names without HOST-PID come from earlier versions).
+_TEMP_NAME = re.compile(r"\..+\.(staging|old)-(?:(?P<host>[A-Za-z0-9_]+)-(?P<pid>\d+)-)?[0-9a-f]+")
+STALE_AFTER_SECONDS = 24 * 3600  # a leftover of another host (or of unknown writer) untouched this long
 
 
 class CheckpointError(ValueError):
@@ -43,6 +48,58 @@ def is_staging_name(name: str) -> bool:
     Code that lists checkpoints skips these: they are unfinished or about to be deleted.
     """
     return _TEMP_NAME.fullmatch(name) is not None
+
+
+def process_tag() -> str:
+    """This process as ``HOST-PID`` (the host name reduced to letters, digits and ``_``)."""
+    return "".join(c if c.isalnum() else "_" for c in socket.gethostname()) + f"-{os.getpid()}"
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this pid runs on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by another user
+        pass
+    return True
+
+
+def temp_sibling(target: Path, kind: str) -> Path:
+    """A hidden sibling of ``target`` to stage (``kind="staging"``) or delete (``"old"``) it in."""
+    return target.parent / f".{target.name}.{kind}-{process_tag()}-{secrets.token_hex(8)}"
+
+
+def remove_stale_temps(root: str | Path) -> list[Path]:
+    """Remove the staging and being-deleted directories that killed writers left under ``root``:
+    those of a process of this host that no longer runs, and any untouched for ``STALE_AFTER_SECONDS``
+    (another host's, whose liveness cannot be checked). A live writer's are never touched."""
+    host = process_tag().rsplit("-", 1)[0]
+    removed = []
+    for dirpath, dirnames, _ in os.walk(root):
+        for name in sorted(dirnames):
+            match = _TEMP_NAME.fullmatch(name)
+            if match is None:
+                continue
+            dirnames.remove(name)  # never walk into one
+            path = Path(dirpath) / name
+            dead = match["host"] == host and not process_alive(int(match["pid"]))
+            if dead or time.time() - _newest_mtime(path) > STALE_AFTER_SECONDS:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
+
+
+def _newest_mtime(root: Path) -> float:
+    newest = root.lstat().st_mtime
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            try:
+                newest = max(newest, (Path(dirpath) / name).lstat().st_mtime)
+            except FileNotFoundError:
+                pass
+    return newest
 
 
 def publish_dir(target: str | Path, write: Callable[[Path], None], *, extra: dict | None = None,
@@ -65,7 +122,7 @@ def publish_dir(target: str | Path, write: Callable[[Path], None], *, extra: dic
         raise CheckpointError(f"{target} exists and is not a directory; remove it or publish under another name.")
     parent = target.parent
     parent.mkdir(parents=True, exist_ok=True)
-    staging = parent / f".{target.name}.staging-{secrets.token_hex(8)}"
+    staging = temp_sibling(target, "staging")
     staging.mkdir()
     try:
         write(staging)
@@ -210,7 +267,7 @@ def _swap_into_place(staging: Path, target: Path) -> None:
         _fsync_dir(target.parent)
         shutil.rmtree(staging)
         return
-    old = target.parent / f".{target.name}.old-{secrets.token_hex(8)}"
+    old = temp_sibling(target, "old")
     os.replace(target, old)
     try:
         os.replace(staging, target)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from .atomic import CheckpointError
@@ -50,7 +50,21 @@ def load_tensors(path: str | Path, device: str | torch.device = "cpu") -> dict[s
     try:
         return load_file(str(path), device=str(device))
     except SafetensorError as exc:
-        raise CheckpointError(f"{path} is not a readable safetensors file ({exc}): it is corrupted or truncated.") from None
+        raise _unreadable(path, exc) from None
+
+
+def check_tensors(path: str | Path) -> None:
+    """Read every tensor of a safetensors file, one at a time, refusing a damaged file by name."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                f.get_tensor(name)
+    except (SafetensorError, OSError) as exc:
+        raise _unreadable(path, exc) from None
+
+
+def _unreadable(path, exc: Exception) -> CheckpointError:
+    return CheckpointError(f"{path} is not a readable safetensors file ({exc}): it is corrupted or truncated.")
 
 
 def save_state(path: str | Path, tree) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import pickle
 from pathlib import Path
 
 import torch
@@ -94,6 +95,11 @@ def load_models(sources: list[Source], kwargs: dict, label: str) -> list[nn.Modu
             model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
         except (OSError, ValueError) as exc:
             raise type(exc)(f"{label}[{i}]: could not load model {source!r}: {exc}") from exc
+        except pickle.UnpicklingError:  # torch's own message suggests weights_only=False: never
+            files = sorted(str(p) for p in Path(source).expanduser().glob("*.bin")) or [source]
+            raise ValueError(f"{label}[{i}]: {', '.join(files)} of model {source!r} holds pickled objects other than "
+                             "plain tensors, which are never unpickled: only safetensors or plain-tensor weights "
+                             "are loaded. Convert it to safetensors where you trust it.") from None
         except SafetensorError as exc:  # safetensors names neither the file nor the fix
             files = sorted(str(p) for p in Path(source).expanduser().glob("*.safetensors")) or [source]
             raise ValueError(f"{label}[{i}]: the weights of model {source!r} are corrupt or truncated "

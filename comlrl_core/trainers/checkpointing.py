@@ -19,6 +19,7 @@ from ..checkpoint import (
     METADATA,
     CheckpointError,
     capture_rng,
+    check_tensors,
     is_staging_name,
     load_state,
     load_tensors,
@@ -30,6 +31,7 @@ from ..checkpoint import (
     verify_dir,
     write_metadata,
 )
+from ..checkpoint.atomic import remove_stale_temps
 from .data import dataset_fingerprint
 
 # Config fields that may change between a checkpoint and its resume. The batch sizes count per
@@ -72,12 +74,24 @@ def list_checkpoints(checkpoint_dir: Path) -> list[Path]:
     return [p for seq, p in sorted((s, p) for s, p in found if s is not None)]
 
 
+def check_loadable(path: str | Path) -> None:
+    """Read every file a resume restores from a checkpoint (its metadata, each tensor, ``state.pt``),
+    so one whose manifest was rewritten over damaged or foreign files is refused before anything is
+    restored from it. Tensors are read one at a time, never the whole file at once."""
+    path = Path(path)
+    read_checkpoint_metadata(path)
+    for file in sorted(path.rglob("*.safetensors")):
+        check_tensors(file)
+    load_state(path / "state.pt")
+
+
 def latest_checkpoint(checkpoint_dir: str | Path) -> Path:
-    """The newest checkpoint that verifies against its manifest (older valid ones are skipped past)."""
+    """The newest checkpoint that verifies against its manifest and loads (older valid ones are skipped past)."""
     errors = []
     for path in reversed(list_checkpoints(Path(checkpoint_dir))):
         try:
             verify_dir(path)
+            check_loadable(path)
             return path
         except CheckpointError as exc:
             errors.append(str(exc))
@@ -103,7 +117,9 @@ class CheckpointMixin:
     ``_runtime_state``/``_load_runtime_state``, ``tokenizers``, ``args``, ``progress`` and ``tracker``."""
 
     def _preflight(self, checkpoint_dir: Path) -> None:
-        """Never overwrite another run's checkpoints."""
+        """Never overwrite another run's checkpoints; clear what killed writers left half-published."""
+        if checkpoint_dir.is_dir():
+            remove_stale_temps(checkpoint_dir)
         for path in list_checkpoints(checkpoint_dir):
             try:
                 owner = read_checkpoint_metadata(path)["run_id"]

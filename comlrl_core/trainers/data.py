@@ -95,9 +95,14 @@ class Formatter:
         self.takes_external = callable(func) and _declares(func, "external_prompts")
 
     def check(self, item: dict, dataset: str) -> None:
-        """A template's fields and chat template, checked on a first item before any weights load."""
+        """A template's fields and chat template, or the default's ``prompt`` field, checked on a first
+        item before any weights load (a Python formatter is the user's own code: not called here)."""
         if isinstance(self.func, PromptTemplate):
             self.func.check(item, self.tokenizer, f"formatters[{self.index}] ({dataset})")
+        elif self.func is None and not (isinstance(item.get("prompt"), str) and item["prompt"]):
+            raise ValueError(f"{dataset}: its first item has no non-empty 'prompt' field (it has "
+                             f"{sorted(item)}); give prompt_templates or formatters that build the prompt from "
+                             "its fields.")
 
     def __call__(self, item: dict, external_prompt: str | None = None) -> str:
         if self.func is None:
