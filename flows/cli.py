@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 from pathlib import Path
 
 DEMO_CONFIGS = {
@@ -209,20 +210,23 @@ def main(argv: list[str] | None = None) -> int:
     from comlrl_core.real_models import MissingExtraError
 
     args = build_parser().parse_args(argv)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    main_thread = threading.current_thread() is threading.main_thread()  # where Python delivers signals
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
     try:
         return args.run(args)
     except (ValueError, TypeError, FileNotFoundError, MissingExtraError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        signal.alarm(0)
+        if main_thread:
+            signal.alarm(0)
         print(f"stopped ({exc.args[0] if exc.args else 'SIGINT'}); run it again to resume from the last checkpoint.",
               file=sys.stderr)
         return 130
     finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            signal.alarm(0)
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":
